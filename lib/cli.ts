@@ -1,0 +1,70 @@
+#!/usr/bin/env node
+// The single `pier` executable. Each subcommand lives with its component;
+// this file only dispatches and prints usage.
+import { VERSION } from './version.ts';
+
+interface Command {
+  summary: string;
+  /** Loads and runs the command; absent while the command is not built yet. */
+  run?: (argv: string[]) => Promise<number>;
+  /** The issue that builds it, named when a user asks for it too early. */
+  pending?: string;
+}
+
+const COMMANDS: Record<string, Command> = {
+  controller: { summary: 'assign node addresses and ports to LoadBalancer Services (cluster-wide, leader-elected)', pending: 'issue #4' },
+  agent: { summary: 'program this node\'s iptables for the Services assigned to it (DaemonSet, host network)', pending: 'issue #3' },
+  plan: { summary: 'print the iptables-restore input the agent would apply, from manifests on disk, with no cluster', pending: 'issue #3' },
+  cleanup: { summary: 'remove every pier chain and rule from this node, IPv4 and IPv6', pending: 'issue #3' },
+  check: { summary: 'report whether this node can forward: sysctls, iptables backend, ip6tables nat', pending: 'issue #3' },
+};
+
+export function usage(): string {
+  const width = Math.max(...Object.keys(COMMANDS).map((c) => c.length));
+  const lines = Object.entries(COMMANDS).map(
+    ([name, c]) => `  ${name.padEnd(width)}  ${c.summary}${c.run ? '' : ' (not built yet)'}`,
+  );
+  return [
+    `pier ${VERSION}: LoadBalancer Services for bare-metal and local Kubernetes`,
+    '',
+    'Usage: pier <command> [flags]',
+    '',
+    'Commands:',
+    ...lines,
+    '',
+    'Run `pier <command> --help` for the flags of a command.',
+    '',
+  ].join('\n');
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+    process.stdout.write(usage());
+    return name === undefined ? 2 : 0;
+  }
+  if (name === '--version' || name === 'version') {
+    process.stdout.write(`${VERSION}\n`);
+    return 0;
+  }
+  const cmd = COMMANDS[name];
+  if (!cmd) {
+    process.stderr.write(`pier: unknown command ${JSON.stringify(name)}\n\n${usage()}`);
+    return 2;
+  }
+  if (!cmd.run) {
+    process.stderr.write(`pier ${name}: not built yet (${cmd.pending}); nothing was done\n`);
+    return 3;
+  }
+  return cmd.run(rest);
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    process.stderr.write(`pier: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exitCode = 1;
+  },
+);

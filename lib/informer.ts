@@ -1,0 +1,166 @@
+// An informer that keeps going. client-node's ListWatch relists on 410 and
+// reconnects when a watch ends cleanly, but on any other error (API server
+// down, connection refused, a 5xx, a failed list) it reports the error and
+// stops for good. This wrapper restarts it with capped exponential backoff,
+// keeping the cache and resourceVersion so it resumes rather than relists,
+// and never restarts once stop() was called (stop() itself surfaces as an
+// AbortError on the error channel).
+import { ListWatch, Watch, type KubeConfig, type KubernetesListObject, type KubernetesObject } from '@kubernetes/client-node';
+import type { Logger } from './log.ts';
+import { silentLogger } from './log.ts';
+
+export type InformerEvent = 'add' | 'update' | 'delete';
+
+export interface ResilientInformerOptions<T extends KubernetesObject> {
+  kc: KubeConfig;
+  /** API path of the collection, e.g. /api/v1/services. */
+  path: string;
+  list: () => Promise<KubernetesListObject<T>>;
+  /** A short name for logs: "services". */
+  name: string;
+  labelSelector?: string;
+  fieldSelector?: string;
+  log?: Logger;
+  backoff?: { initialMs?: number; maxMs?: number };
+}
+
+/**
+ * Adds allowWatchBookmarks to every watch request, so quiet collections keep a
+ * fresh resourceVersion and a reconnect rarely needs a full relist; tells the
+ * informer when it first reaches the watch stage, which is when its initial
+ * list has landed in the cache; and closes a race in ListWatch.stop(), which
+ * only aborts a watch whose response headers have already arrived.
+ */
+class BookmarkingWatch extends Watch {
+  private readonly onWatch: () => void;
+  private current: AbortController | undefined;
+  private stopped = false;
+  constructor(kc: KubeConfig, onWatch: () => void) {
+    super(kc);
+    this.onWatch = onWatch;
+  }
+  override async watch(
+    path: string,
+    queryParams: Record<string, string | number | boolean | undefined>,
+    callback: (phase: string, apiObj: any, watchObj?: any) => void,
+    done: (err: any) => void,
+  ): Promise<AbortController> {
+    if (this.stopped) return new AbortController();
+    this.onWatch();
+    const controller = await super.watch(path, { ...queryParams, allowWatchBookmarks: true }, callback, done);
+    if (this.stopped) controller.abort();
+    this.current = controller;
+    return controller;
+  }
+  stop(): void {
+    this.stopped = true;
+    this.current?.abort();
+  }
+}
+
+export class ResilientInformer<T extends KubernetesObject> {
+  readonly name: string;
+  /** Resolves once the first list is in the cache. */
+  readonly synced: Promise<void>;
+  private readonly lw: ListWatch<T>;
+  private readonly watch: BookmarkingWatch;
+  private readonly log: Logger;
+  private readonly initialMs: number;
+  private readonly maxMs: number;
+  private delayMs: number;
+  private stopped = false;
+  private started = false;
+  private restartTimer: NodeJS.Timeout | undefined;
+  private markSynced!: () => void;
+  private isSynced = false;
+  /** Errors since the last successful (re)connect, for health reporting. */
+  private consecutiveErrors = 0;
+
+  constructor(opts: ResilientInformerOptions<T>) {
+    this.name = opts.name;
+    this.log = (opts.log ?? silentLogger).child({ informer: opts.name });
+    this.initialMs = opts.backoff?.initialMs ?? 500;
+    this.maxMs = opts.backoff?.maxMs ?? 30_000;
+    this.delayMs = this.initialMs;
+    this.synced = new Promise((resolve) => (this.markSynced = resolve));
+    this.watch = new BookmarkingWatch(opts.kc, () => this.onWatchStage());
+    this.lw = new ListWatch<T>(opts.path, this.watch, opts.list, false, opts.labelSelector, opts.fieldSelector);
+    this.lw.on('error', (err) => this.onError(err));
+  }
+
+  on(event: InformerEvent, cb: (obj: T) => void): void {
+    this.lw.on(event, cb);
+  }
+
+  /** Calls `cb` for every add, update and delete. */
+  onChange(cb: (obj: T, event: InformerEvent) => void): void {
+    this.lw.on('add', (o) => cb(o, 'add'));
+    this.lw.on('update', (o) => cb(o, 'update'));
+    this.lw.on('delete', (o) => cb(o, 'delete'));
+  }
+
+  start(): void {
+    if (this.started) throw new Error(`informer ${this.name} already started`);
+    this.started = true;
+    void this.lw.start();
+  }
+
+  list(namespace?: string): readonly T[] {
+    return this.lw.list(namespace);
+  }
+
+  get(name: string, namespace?: string): T | undefined {
+    return this.lw.get(name, namespace);
+  }
+
+  get hasSynced(): boolean {
+    return this.isSynced;
+  }
+
+  get errorsSinceLastConnect(): number {
+    return this.consecutiveErrors;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.restartTimer);
+    this.watch.stop();
+    await this.lw.stop();
+  }
+
+  private onWatchStage(): void {
+    if (this.consecutiveErrors > 0) this.log.info({ errors: this.consecutiveErrors }, 'informer reconnected');
+    this.consecutiveErrors = 0;
+    this.delayMs = this.initialMs;
+    if (!this.isSynced) {
+      this.isSynced = true;
+      this.markSynced();
+    }
+  }
+
+  private onError(err: unknown): void {
+    if (this.stopped) return;
+    this.consecutiveErrors++;
+    const delay = this.delayMs;
+    this.delayMs = Math.min(this.delayMs * 2, this.maxMs);
+    // Only the first failure of a streak is a warning; the rest repeat it.
+    const level = this.consecutiveErrors === 1 ? 'warn' : 'debug';
+    this.log[level]({ err: describe(err), retryInMs: delay }, 'informer failed; restarting');
+    clearTimeout(this.restartTimer);
+    this.restartTimer = setTimeout(() => {
+      if (this.stopped) return;
+      void this.lw.start();
+    }, delay);
+  }
+}
+
+function describe(err: unknown): string {
+  if (err instanceof Error) {
+    const cause = (err as Error & { cause?: unknown }).cause;
+    const status = (err as Error & { statusCode?: number; code?: number }).statusCode;
+    return [err.message, status ? `status ${status}` : '', cause instanceof Error ? cause.message : '']
+      .filter(Boolean)
+      .join(': ');
+  }
+  return String(err);
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Everything pier's tests need on a fresh Debian machine, installed only when
+# missing, so a second run costs seconds: the Debian packages the lab uses,
+# Node >= 22.19 (Node 24 from npm when the machine's is older), the npm
+# dependencies, and the kube-apiserver/etcd builds. Safe to run repeatedly.
+# With --runtime, only Node and the npm dependencies (what `pier` itself needs).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+runtime_only=false
+[[ "${1:-}" == "--runtime" ]] && runtime_only=true
+
+# Debian packages: iptables (nft and legacy), iproute2 for namespaces,
+# conntrack for inspecting connections, openssl for the test CA, util-linux
+# for setpriv. Go comes with the machine (/usr/local/go) or from Debian.
+need=()
+if ! $runtime_only; then
+  for pair in iptables:iptables ip6tables:iptables ip:iproute2 conntrack:conntrack openssl:openssl setpriv:util-linux; do
+    cmd="${pair%%:*}" pkg="${pair#*:}"
+    command -v "$cmd" >/dev/null || need+=("$pkg")
+  done
+  [[ -x /usr/local/go/bin/go ]] && export PATH="/usr/local/go/bin:$PATH"
+  command -v go >/dev/null || need+=(golang-go)
+fi
+if ((${#need[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing Debian packages ${need[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "[setup] installing Debian packages: ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# shellcheck source=node-env.sh
+source "$root/scripts/node-env.sh"
+
+# npm ci is the slow part; skip it while the lockfile is unchanged.
+stamp="$root/node_modules/.pier-lock-hash"
+want="$(sha256sum package-lock.json | cut -c1-64)-$(node --version)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  echo "[setup] npm ci" >&2
+  npm ci --no-audit --no-fund --loglevel=error >&2
+  echo "$want" >"$stamp"
+fi
+
+$runtime_only || bash "$root/test/cluster/build.sh" >/dev/null

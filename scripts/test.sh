@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite: set-up (idempotent), typecheck, build, then every
+# vitest project: unit, integration (real kube-apiserver) and e2e (network
+# namespaces; needs root). Extra arguments go to vitest, e.g. `--project unit`.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+bash scripts/setup.sh
+source scripts/node-env.sh
+export PIER_CLUSTER_BIN_DIR="$(bash test/cluster/build.sh)"
+
+echo "[test] typecheck and build" >&2
+npx tsc -p tsconfig.json
+npx tsc -p tsconfig.build.json
+
+mkdir -p test-results
+status=0
+npx vitest run --reporter=default --reporter=json --outputFile.json=test-results/vitest.json "$@" || status=$?
+node scripts/summary.ts test-results/vitest.json || status=1
+exit "$status"

@@ -1,0 +1,350 @@
+// A real, throw-away Kubernetes control plane: etcd and kube-apiserver built
+// from Go modules (build.sh), on loopback or an address the lab's node
+// namespaces reach, with RBAC on. There is no kubelet or controller-manager:
+// tests create every object themselves.
+import { appendFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { request } from 'node:https';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
+import { execa, type ResultPromise } from 'execa';
+import { atExit, isAlive } from '../support/cleanup.ts';
+import { freePort } from '../support/ports.ts';
+import { createPki, type Pki } from './pki.ts';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const TMP_PREFIX = 'pier-cp-';
+const exited = new WeakSet<ResultPromise>();
+
+/** Service ranges inside documentation space, disjoint from the lab's pod and node ranges. */
+export const SERVICE_CIDRS = ['198.18.0.0/16', '2001:db8:ffff::/112'];
+
+export interface ControlPlaneOptions {
+  /** Address kube-apiserver binds to and advertises; default 127.0.0.1. */
+  address?: string;
+  /** Extra `--flag=value` arguments for kube-apiserver. */
+  apiserverArgs?: string[];
+}
+
+export interface ControlPlane {
+  /** https://address:port of the first API server. */
+  readonly server: string;
+  readonly address: string;
+  readonly caPem: string;
+  /** A cluster-admin KubeConfig (static token in system:masters). */
+  readonly admin: KubeConfig;
+  /** The admin kubeconfig written to disk, for child processes. */
+  readonly adminKubeconfigPath: string;
+  /** A KubeConfig whose token the API server issued for this ServiceAccount (created if missing). */
+  serviceAccount(namespace: string, name: string, opts?: { server?: string }): Promise<KubeConfig>;
+  /** Writes `kc` to a file in the control plane's temporary folder. */
+  writeKubeconfig(kc: KubeConfig, name: string): string;
+  /** Kills the first API server (SIGKILL): etcd and every other server stay up. */
+  killApiServer(): Promise<void>;
+  /** Starts the first API server again, same address and port. */
+  restartApiServer(): Promise<void>;
+  /** Another API server on the same etcd (an HA replica), for changes while the first is down. */
+  startExtraApiServer(): Promise<{ server: string; admin: KubeConfig; stop: () => Promise<void> }>;
+  /** Stops everything and removes every temporary file. Safe to call twice. */
+  stop(): Promise<void>;
+}
+
+/** Runs build.sh (a no-op when cached) and returns the folder with the binaries. */
+export async function ensureBinaries(): Promise<string> {
+  const fromEnv = process.env['PIER_CLUSTER_BIN_DIR'];
+  if (fromEnv && existsSync(join(fromEnv, 'kube-apiserver')) && existsSync(join(fromEnv, 'etcd'))) return fromEnv;
+  const { stdout } = await execa('bash', [join(HERE, 'build.sh')], { stderr: 'inherit' });
+  return stdout.trim();
+}
+
+/** Removes what crashed runs left: temporary folders whose owner is gone, and their processes. */
+export function sweepStaleControlPlanes(): void {
+  const base = tmpdir();
+  for (const entry of readdirSync(base)) {
+    if (!entry.startsWith(TMP_PREFIX)) continue;
+    const dir = join(base, entry);
+    const owner = Number(readIfExists(join(dir, 'owner.pid')));
+    if (owner && isAlive(owner)) continue;
+    for (const line of readIfExists(join(dir, 'children.pid')).split('\n')) {
+      const pid = Number(line);
+      if (pid && isAlive(pid)) killQuietly(pid, 'SIGKILL');
+    }
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise<ControlPlane> {
+  sweepStaleControlPlanes();
+  const bin = await ensureBinaries();
+  const address = opts.address ?? '127.0.0.1';
+  const dir = mkdtempSync(join(tmpdir(), TMP_PREFIX));
+  writeFileSync(join(dir, 'owner.pid'), String(process.pid));
+  const children = new Set<ResultPromise>();
+  const unregister = atExit(() => {
+    for (const c of children) if (c.pid) killQuietly(c.pid, 'SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  const spawn = (name: string, file: string, args: string[]) => {
+    const log = join(dir, `${name}.log`);
+    // setpriv's parent-death signal kills the server even if this process is
+    // SIGKILLed, when no exit handler can run.
+    const child = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', file, ...args], {
+      stdin: 'ignore',
+      stdout: { file: log, append: true },
+      stderr: { file: log, append: true },
+      reject: false,
+    });
+    children.add(child);
+    if (child.pid) appendFileSync(join(dir, 'children.pid'), `${child.pid}\n`);
+    void child.then(() => {
+      exited.add(child);
+      children.delete(child);
+    });
+    return { child, log };
+  };
+
+  let stopped = false;
+  const stopAll = async () => {
+    if (stopped) return;
+    stopped = true;
+    await Promise.all([...children].map((c) => terminate(c)));
+    rmSync(dir, { recursive: true, force: true });
+    unregister();
+  };
+
+  try {
+    const sans = { ips: [...new Set(['127.0.0.1', address, '198.18.0.1'])], dns: ['localhost', 'kubernetes', 'kubernetes.default.svc'] };
+    const pki = await createPki(dir, sans);
+    const adminToken = randomToken();
+    writeFileSync(join(dir, 'tokens.csv'), `${adminToken},pier-test-admin,pier-test-admin,"system:masters"\n`);
+
+    const etcdUrl = await startEtcd(bin, dir, spawn);
+    const apiArgs = (port: number) => apiserverArgs(dir, pki, etcdUrl, address, port, opts.apiserverArgs ?? []);
+
+    const port = await freePort(address);
+    let api = spawn('kube-apiserver', join(bin, 'kube-apiserver'), apiArgs(port));
+    const server = `https://${hostPort(address, port)}`;
+    await waitReady(server, pki.caPem, adminToken, api);
+
+    const admin = tokenKubeConfig(server, pki.caPem, adminToken, 'pier-test-admin');
+    await waitForDefaultNamespace(admin);
+    const adminKubeconfigPath = join(dir, 'admin.kubeconfig');
+    writeFileSync(adminKubeconfigPath, admin.exportConfig());
+
+    const core = admin.makeApiClient(CoreV1Api);
+
+    return {
+      server,
+      address,
+      caPem: pki.caPem,
+      admin,
+      adminKubeconfigPath,
+      async serviceAccount(namespace, name, saOpts = {}) {
+        await ensureNamespace(core, namespace);
+        try {
+          await core.createNamespacedServiceAccount({ namespace, body: { metadata: { name } } });
+        } catch (err) {
+          if (statusOf(err) !== 409) throw err;
+        }
+        const tr = await core.createNamespacedServiceAccountToken({
+          name,
+          namespace,
+          body: { spec: { audiences: [], expirationSeconds: 3600 } },
+        });
+        const token = tr.status?.token;
+        if (!token) throw new Error(`TokenRequest for ${namespace}/${name} returned no token`);
+        return tokenKubeConfig(saOpts.server ?? server, pki.caPem, token, `system:serviceaccount:${namespace}:${name}`);
+      },
+      writeKubeconfig(kc, name) {
+        const file = join(dir, `${name}.kubeconfig`);
+        writeFileSync(file, kc.exportConfig(), { mode: 0o600 });
+        return file;
+      },
+      async killApiServer() {
+        await terminate(api.child, 'SIGKILL');
+      },
+      async restartApiServer() {
+        // The port was just released; the same one keeps clients' URLs valid.
+        api = spawn('kube-apiserver', join(bin, 'kube-apiserver'), apiArgs(port));
+        await waitReady(server, pki.caPem, adminToken, api);
+      },
+      async startExtraApiServer() {
+        const extraPort = await freePort(address);
+        const extra = spawn(`kube-apiserver-${extraPort}`, join(bin, 'kube-apiserver'), apiArgs(extraPort));
+        const extraServer = `https://${hostPort(address, extraPort)}`;
+        await waitReady(extraServer, pki.caPem, adminToken, extra);
+        return {
+          server: extraServer,
+          admin: tokenKubeConfig(extraServer, pki.caPem, adminToken, 'pier-test-admin'),
+          stop: () => terminate(extra.child),
+        };
+      },
+      stop: stopAll,
+    };
+  } catch (err) {
+    const logs = readdirSync(dir)
+      .filter((f) => f.endsWith('.log'))
+      .map((f) => `--- ${f} (last lines) ---\n${tail(readIfExists(join(dir, f)), 30)}`)
+      .join('\n');
+    await stopAll();
+    throw new Error(`control plane failed to start: ${(err as Error).message}\n${logs}`, { cause: err });
+  }
+}
+
+type Spawn = (name: string, file: string, args: string[]) => { child: ResultPromise; log: string };
+
+async function startEtcd(bin: string, dir: string, spawn: Spawn): Promise<string> {
+  const clientPort = await freePort();
+  const peerPort = await freePort();
+  const client = `http://127.0.0.1:${clientPort}`;
+  const peer = `http://127.0.0.1:${peerPort}`;
+  const etcd = spawn('etcd', join(bin, 'etcd'), [
+    '--name=pier-test',
+    `--data-dir=${join(dir, 'etcd')}`,
+    `--listen-client-urls=${client}`,
+    `--advertise-client-urls=${client}`,
+    `--listen-peer-urls=${peer}`,
+    `--initial-advertise-peer-urls=${peer}`,
+    `--initial-cluster=pier-test=${peer}`,
+    '--log-level=warn',
+    // A test cluster's data is disposable; fsync would dominate its latency.
+    '--unsafe-no-fsync',
+  ]);
+  await waitFor(`etcd at ${client}`, 30_000, etcd, async () => {
+    const res = await fetch(`${client}/health`).catch(() => undefined);
+    return res?.ok === true;
+  });
+  return client;
+}
+
+function apiserverArgs(dir: string, pki: Pki, etcd: string, address: string, port: number, extra: string[]): string[] {
+  return [
+    `--etcd-servers=${etcd}`,
+    `--bind-address=${address}`,
+    `--advertise-address=${address}`,
+    `--secure-port=${port}`,
+    `--cert-dir=${join(dir, 'apiserver-certs')}`,
+    `--tls-cert-file=${pki.serverCert}`,
+    `--tls-private-key-file=${pki.serverKey}`,
+    `--client-ca-file=${pki.caCert}`,
+    `--token-auth-file=${join(dir, 'tokens.csv')}`,
+    '--authorization-mode=RBAC',
+    '--anonymous-auth=false',
+    '--service-account-issuer=https://kubernetes.default.svc.cluster.local',
+    `--service-account-key-file=${pki.saPublic}`,
+    `--service-account-signing-key-file=${pki.saPrivate}`,
+    `--service-cluster-ip-range=${SERVICE_CIDRS.join(',')}`,
+    '--service-node-port-range=30000-32767',
+    '--profiling=false',
+    // Nothing in the test cluster uses the kubernetes Service's endpoints,
+    // and the reconciler refuses loopback advertise addresses.
+    '--endpoint-reconciler-type=none',
+    ...extra,
+  ];
+}
+
+async function waitReady(server: string, ca: string, token: string, api: { child: ResultPromise; log: string }): Promise<void> {
+  await waitFor(`kube-apiserver at ${server}`, 90_000, api, async () => (await httpsGet(`${server}/readyz`, ca, token)) === 200);
+}
+
+async function waitFor(what: string, timeoutMs: number, proc: { child: ResultPromise; log: string }, ok: () => Promise<boolean>) {
+  const deadline = Date.now() + timeoutMs;
+  let exited = false;
+  void proc.child.then(() => (exited = true));
+  while (Date.now() < deadline) {
+    if (exited) throw new Error(`${what} exited early:\n${tail(readIfExists(proc.log), 30)}`);
+    if (await ok().catch(() => false)) return;
+    await sleep(200);
+  }
+  throw new Error(`${what} not ready after ${timeoutMs} ms:\n${tail(readIfExists(proc.log), 30)}`);
+}
+
+function httpsGet(url: string, ca: string, token: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { ca, headers: { authorization: `Bearer ${token}` }, timeout: 2000 }, (res) => {
+      res.resume();
+      resolve(res.statusCode ?? 0);
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function waitForDefaultNamespace(kc: KubeConfig): Promise<void> {
+  const core = kc.makeApiClient(CoreV1Api);
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    try {
+      await core.readNamespace({ name: 'default' });
+      return;
+    } catch (err) {
+      if (Date.now() > deadline) throw new Error(`namespace default never appeared: ${(err as Error).message}`);
+      await sleep(200);
+    }
+  }
+}
+
+export async function ensureNamespace(core: CoreV1Api, name: string): Promise<void> {
+  try {
+    await core.createNamespace({ body: { metadata: { name } } });
+  } catch (err) {
+    if (statusOf(err) !== 409) throw err;
+  }
+}
+
+export function tokenKubeConfig(server: string, caPem: string, token: string, user: string): KubeConfig {
+  const kc = new KubeConfig();
+  kc.loadFromOptions({
+    clusters: [{ name: 'pier-test', server, caData: Buffer.from(caPem).toString('base64') }],
+    users: [{ name: user, token }],
+    contexts: [{ name: 'pier-test', cluster: 'pier-test', user }],
+    currentContext: 'pier-test',
+  });
+  return kc;
+}
+
+/** The HTTP status of a client-node ApiException, or undefined. */
+export function statusOf(err: unknown): number | undefined {
+  const code = (err as { code?: unknown })?.code;
+  return typeof code === 'number' ? code : undefined;
+}
+
+async function terminate(child: ResultPromise, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+  if (exited.has(child)) return;
+  child.kill(signal);
+  const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+  await child.catch(() => undefined);
+  clearTimeout(timer);
+}
+
+function killQuietly(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(pid, signal);
+  } catch {
+    // already gone
+  }
+}
+
+function hostPort(address: string, port: number): string {
+  return address.includes(':') ? `[${address}]:${port}` : `${address}:${port}`;
+}
+
+function randomToken(): string {
+  return Buffer.from(crypto.getRandomValues(new Uint8Array(24))).toString('hex');
+}
+
+function readIfExists(file: string): string {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+function tail(text: string, lines: number): string {
+  return text.trimEnd().split('\n').slice(-lines).join('\n');
+}

@@ -1,0 +1,88 @@
+// The lab is real before pier touches it: a client reaches a pod behind each
+// node by plain routing, over IPv4 and IPv6, TCP and UDP, and the pod names
+// itself and reports the client's own address.
+import { execa } from 'execa';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ECHO_PORT, Lab, listLabNamespaces, sweepStaleLabs } from '../lab/lab.ts';
+
+describe('network lab', () => {
+  let lab: Lab;
+  beforeAll(async () => {
+    lab = await Lab.create({ nodes: [2, 2], clients: 1 });
+  });
+  afterAll(async () => {
+    await lab?.destroy();
+  });
+
+  for (const family of ['v4', 'v6'] as const) {
+    for (const proto of ['tcp', 'udp'] as const) {
+      it(`client reaches a pod on every node over ${family} ${proto}`, async () => {
+        const client = lab.clients[0]!;
+        for (const node of lab.nodes) {
+          const pod = node.pods[0]!;
+          const [res] = await lab.probe(client, pod[family], ECHO_PORT, { proto });
+          expect(res, `${pod.name} ${family} ${proto}`).toMatchObject({
+            ok: true,
+            reply: { pod: pod.name, proto, peer: client[family] },
+          });
+        }
+      });
+    }
+  }
+
+  it('pods on different nodes reach each other through their nodes', async () => {
+    const [a, b] = [lab.nodes[0]!.pods[0]!, lab.nodes[1]!.pods[1]!];
+    const [res] = await lab.probe(a, b.v6, ECHO_PORT, { proto: 'tcp' });
+    expect(res).toMatchObject({ ok: true, reply: { pod: b.name, peer: a.v6 } });
+  });
+
+  it('a port nobody listens on is refused, not answered', async () => {
+    const [res] = await lab.probe(lab.clients[0]!, lab.pods[0]!.v4, ECHO_PORT + 1, { proto: 'tcp' });
+    expect(res).toMatchObject({ ok: false, error: 'ECONNREFUSED' });
+  });
+
+  it('names every namespace after this run and tears them all down', async () => {
+    const mine = listLabNamespaces().filter((n) => n.includes(lab.runId));
+    // underlay + 2 nodes + 4 pods + 1 client
+    expect(mine).toHaveLength(8);
+    const scratch = await Lab.create({ nodes: [1], clients: 1, hostLink: true });
+    const scratchNs = listLabNamespaces().filter((n) => n.includes(scratch.runId));
+    expect(scratchNs).toHaveLength(4);
+    await scratch.destroy();
+    expect(listLabNamespaces().filter((n) => n.includes(scratch.runId))).toEqual([]);
+    // The other lab survived the second one's start-up sweep.
+    expect(listLabNamespaces().filter((n) => n.includes(lab.runId))).toHaveLength(8);
+  });
+});
+
+describe('lab sweep', () => {
+  it('removes what a SIGKILLed run left behind, and nothing of a live run', async () => {
+    const live = await Lab.create({ nodes: [1], clients: 0 });
+    try {
+      const labModule = new URL('../lab/lab.ts', import.meta.url).href;
+      const script = `const { Lab } = await import(${JSON.stringify(labModule)});
+const lab = await Lab.create({ nodes: [1], clients: 1, hostLink: true });
+process.stdout.write(lab.runId + '\\n');
+setInterval(() => {}, 1000);`;
+      const child = execa(process.execPath, ['--input-type=module', '-e', script], { reject: false, buffer: false });
+      const runId = await new Promise<string>((resolve, reject) => {
+        child.stdout!.once('data', (d: Buffer) => resolve(d.toString().trim()));
+        void child.then((r) => reject(new Error(`child exited early: ${r.stderr ?? ''}`)));
+      });
+      child.kill('SIGKILL');
+      await child;
+      const leftovers = listLabNamespaces().filter((n) => n.includes(runId));
+      expect(leftovers.length).toBeGreaterThan(0); // the crash really left something
+      const hostLinkLeft = await execa('ip', ['link', 'show', `pl${runId}`], { reject: false });
+      expect(hostLinkLeft.exitCode).toBe(0);
+
+      const removed = sweepStaleLabs();
+      expect(removed).toEqual(expect.arrayContaining(leftovers));
+      expect(listLabNamespaces().filter((n) => n.includes(runId))).toEqual([]);
+      expect((await execa('ip', ['link', 'show', `pl${runId}`], { reject: false })).exitCode).not.toBe(0);
+      expect(listLabNamespaces().filter((n) => n.includes(live.runId)).length).toBe(3);
+    } finally {
+      await live.destroy();
+    }
+  });
+});

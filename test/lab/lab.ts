@@ -1,0 +1,338 @@
+// The network lab: hosts made of network namespaces, wired the way a small
+// bare-metal cluster is, in documentation address ranges only.
+//
+//   root ns ──(optional veth, for the API server)──┐
+//                                        underlay ns: bridge br0
+//           ┌──────────────────────┬────────────┴─────────┐
+//      node n1 (192.0.2.11)   node n2 (192.0.2.12)   client c1 (192.0.2.101)
+//      bridge "pods"          bridge "pods"
+//       pod n1-p1, n1-p2       pod n2-p1 ...
+//
+// Underlay: 192.0.2.0/24 and 2001:db8:0:1::/64. Node i's pods: 198.19.i.0/24
+// and 2001:db8:1:i::/64, routed between nodes (and from clients) via node
+// addresses. Every pod runs echo-server.ts on port 8080, TCP and UDP.
+//
+// Names carry a run id and a registry file records the owning process, so a
+// later run can sweep what a crashed run left without touching a live one.
+import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { execa, execaSync, type ResultPromise } from 'execa';
+import { atExit, isAlive } from '../support/cleanup.ts';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+export const NS_PREFIX = 'pierlab-';
+const REGISTRY = '/run/pierlab';
+export const ECHO_PORT = 8080;
+
+export interface LabSpec {
+  /** Pods per node; the array's length is the number of nodes. */
+  nodes: number[];
+  clients?: number;
+  /** Creates a veth from the root namespace onto the underlay (address HOST_V4 / HOST_V6), for an API server the nodes can reach. */
+  hostLink?: boolean;
+}
+
+export const UNDERLAY_V4 = '192.0.2.0/24';
+export const UNDERLAY_V6 = '2001:db8:0:1::/64';
+export const HOST_V4 = '192.0.2.254';
+export const HOST_V6 = '2001:db8:0:1::fe';
+
+export interface Endpoint {
+  name: string;
+  ns: string;
+  v4: string;
+  v6: string;
+}
+export interface LabPod extends Endpoint {
+  node: string;
+}
+export interface LabNode extends Endpoint {
+  index: number;
+  podCidrV4: string;
+  podCidrV6: string;
+  pods: LabPod[];
+}
+
+export interface ProbeResult {
+  ok: boolean;
+  ms: number;
+  reply?: { pod: string; proto: string; peer: string; peerPort: number };
+  error?: string;
+}
+
+export interface ProbeOptions {
+  proto?: 'tcp' | 'udp';
+  count?: number;
+  timeoutMs?: number;
+  intervalMs?: number;
+}
+
+const nodeAddr = (i: number) => ({ v4: `192.0.2.${10 + i}`, v6: `2001:db8:0:1::${10 + i}` });
+const clientAddr = (j: number) => ({ v4: `192.0.2.${100 + j}`, v6: `2001:db8:0:1::${100 + j}` });
+const podNet = (i: number) => ({ v4: `198.19.${i}.0/24`, v6: `2001:db8:1:${i}::/64`, gw4: `198.19.${i}.1`, gw6: `2001:db8:1:${i}::1` });
+const podAddr = (i: number, k: number) => ({ v4: `198.19.${i}.${10 + k}`, v6: `2001:db8:1:${i}::${10 + k}` });
+
+export class Lab {
+  readonly runId: string;
+  readonly nodes: LabNode[] = [];
+  readonly clients: Endpoint[] = [];
+  readonly underlayNs: string;
+  /** The root namespace's side of hostLink, when requested. */
+  readonly hostLink: string | undefined;
+  private readonly namespaces: string[] = [];
+  private readonly procs = new Set<ResultPromise>();
+  private unregister: () => void = () => {};
+  private destroyed = false;
+
+  private constructor(runId: string, hostLink: boolean) {
+    this.runId = runId;
+    this.underlayNs = `${NS_PREFIX}${runId}-ul`;
+    this.hostLink = hostLink ? `pl${runId}` : undefined;
+  }
+
+  get pods(): LabPod[] {
+    return this.nodes.flatMap((n) => n.pods);
+  }
+
+  static async create(spec: LabSpec): Promise<Lab> {
+    sweepStaleLabs();
+    const runId = `${process.pid.toString(36)}${Math.random().toString(36).slice(2, 5)}`;
+    const lab = new Lab(runId, spec.hostLink ?? false);
+    mkdirSync(REGISTRY, { recursive: true });
+    writeFileSync(join(REGISTRY, runId), String(process.pid));
+    lab.unregister = atExit(() => lab.destroySync());
+    try {
+      await lab.build(spec);
+    } catch (err) {
+      lab.destroySync();
+      throw err;
+    }
+    return lab;
+  }
+
+  private async build(spec: LabSpec): Promise<void> {
+    const ul = this.underlayNs;
+    await this.addNs(ul);
+    await ip(ul, 'link', 'add', 'br0', 'type', 'bridge');
+    await ip(ul, 'link', 'set', 'br0', 'up');
+
+    if (this.hostLink) {
+      await execa('ip', ['link', 'add', this.hostLink, 'type', 'veth', 'peer', 'name', 'host', 'netns', ul]);
+      await execa('ip', ['addr', 'add', `${HOST_V4}/24`, 'dev', this.hostLink]);
+      await execa('ip', ['-6', 'addr', 'add', `${HOST_V6}/64`, 'dev', this.hostLink, 'nodad']);
+      await execa('ip', ['link', 'set', this.hostLink, 'up']);
+      await ip(ul, 'link', 'set', 'host', 'master', 'br0', 'up');
+    }
+
+    for (const [idx, podCount] of spec.nodes.entries()) {
+      const i = idx + 1;
+      const name = `n${i}`;
+      const ns = `${NS_PREFIX}${this.runId}-${name}`;
+      const net = podNet(i);
+      const node: LabNode = { name, ns, index: i, ...nodeAddr(i), podCidrV4: net.v4, podCidrV6: net.v6, pods: [] };
+      await this.addHost(ns, name, node.v4, node.v6);
+      await sysctl(ns, 'net.ipv4.ip_forward', '1');
+      await sysctl(ns, 'net.ipv6.conf.all.forwarding', '1');
+      await ip(ns, 'link', 'add', 'pods', 'type', 'bridge');
+      await ip(ns, 'addr', 'add', `${net.gw4}/24`, 'dev', 'pods');
+      await ip(ns, '-6', 'addr', 'add', `${net.gw6}/64`, 'dev', 'pods', 'nodad');
+      await ip(ns, 'link', 'set', 'pods', 'up');
+      for (let k = 1; k <= podCount; k++) {
+        const podName = `${name}-p${k}`;
+        const podNs = `${NS_PREFIX}${this.runId}-${podName}`;
+        const pod: LabPod = { name: podName, ns: podNs, node: name, ...podAddr(i, k) };
+        await this.addNs(podNs);
+        await execa('ip', ['link', 'add', 'eth0', 'netns', podNs, 'type', 'veth', 'peer', 'name', `p${k}`, 'netns', ns]);
+        await ip(ns, 'link', 'set', `p${k}`, 'master', 'pods', 'up');
+        await ip(podNs, 'addr', 'add', `${pod.v4}/24`, 'dev', 'eth0');
+        await ip(podNs, '-6', 'addr', 'add', `${pod.v6}/64`, 'dev', 'eth0', 'nodad');
+        await ip(podNs, 'link', 'set', 'eth0', 'up');
+        await ip(podNs, 'route', 'add', 'default', 'via', net.gw4);
+        await ip(podNs, '-6', 'route', 'add', 'default', 'via', net.gw6);
+        node.pods.push(pod);
+      }
+      this.nodes.push(node);
+    }
+
+    for (let j = 1; j <= (spec.clients ?? 1); j++) {
+      const name = `c${j}`;
+      const ns = `${NS_PREFIX}${this.runId}-${name}`;
+      const client: Endpoint = { name, ns, ...clientAddr(j) };
+      await this.addHost(ns, name, client.v4, client.v6);
+      this.clients.push(client);
+    }
+
+    // Pod subnets are routed through their node, from every other node and client.
+    for (const host of [...this.nodes, ...this.clients]) {
+      for (const node of this.nodes) {
+        if (node === host) continue;
+        await ip(host.ns, 'route', 'add', node.podCidrV4, 'via', node.v4);
+        await ip(host.ns, '-6', 'route', 'add', node.podCidrV6, 'via', node.v6);
+      }
+    }
+
+    await Promise.all(this.pods.map((p) => this.startEcho(p)));
+  }
+
+  /** A namespace with loopback up, attached to the underlay bridge as eth0. */
+  private async addHost(ns: string, port: string, v4: string, v6: string): Promise<void> {
+    await this.addNs(ns);
+    await execa('ip', ['link', 'add', 'eth0', 'netns', ns, 'type', 'veth', 'peer', 'name', port, 'netns', this.underlayNs]);
+    await ip(this.underlayNs, 'link', 'set', port, 'master', 'br0', 'up');
+    await ip(ns, 'addr', 'add', `${v4}/24`, 'dev', 'eth0');
+    await ip(ns, '-6', 'addr', 'add', `${v6}/64`, 'dev', 'eth0', 'nodad');
+    await ip(ns, 'link', 'set', 'eth0', 'up');
+  }
+
+  private async addNs(ns: string): Promise<void> {
+    await execa('ip', ['netns', 'add', ns]);
+    this.namespaces.push(ns);
+    await ip(ns, 'link', 'set', 'lo', 'up');
+  }
+
+  private async startEcho(pod: LabPod): Promise<void> {
+    const proc = this.spawn(pod.ns, process.execPath, [join(HERE, 'echo-server.ts'), '--name', pod.name, '--port', String(ECHO_PORT)]);
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`echo server in ${pod.name} not ready in 10 s`)), 10_000);
+      proc.stdout?.on('data', (d: Buffer) => {
+        if (d.toString().includes('ready')) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+      proc.catch((err: unknown) => {
+        clearTimeout(timer);
+        reject(new Error(`echo server in ${pod.name} exited: ${(err as Error).message}`));
+      });
+    });
+  }
+
+  /** Runs a command to completion inside `ns`. */
+  exec(ns: string, file: string, args: string[], opts: { reject?: boolean; input?: string } = {}) {
+    return execa('ip', ['netns', 'exec', ns, file, ...args], { reject: opts.reject ?? true, input: opts.input });
+  }
+
+  /**
+   * Starts a long-running process inside `ns`. It is killed at teardown, and
+   * by the kernel if this process dies first (parent-death signal).
+   */
+  spawn(ns: string, file: string, args: string[], opts: { env?: Record<string, string> } = {}): ResultPromise {
+    const proc = execa('ip', ['netns', 'exec', ns, 'setpriv', '--pdeathsig', 'SIGKILL', '--', file, ...args], {
+      stdin: 'ignore',
+      buffer: false,
+      env: opts.env,
+      reject: false,
+    });
+    this.procs.add(proc);
+    void proc.then(() => this.procs.delete(proc));
+    return proc;
+  }
+
+  /** Connects from `from` to host:port with probe.ts and returns one result per attempt. */
+  async probe(from: Endpoint, host: string, port: number, opts: ProbeOptions = {}): Promise<ProbeResult[]> {
+    const args = [
+      join(HERE, 'probe.ts'),
+      '--proto', opts.proto ?? 'tcp',
+      '--host', host,
+      '--port', String(port),
+      '--count', String(opts.count ?? 1),
+      '--timeout', String(opts.timeoutMs ?? 2000),
+      '--interval', String(opts.intervalMs ?? 0),
+    ];
+    const { stdout } = await this.exec(from.ns, process.execPath, args);
+    return stdout
+      .split('\n')
+      .filter((l) => l.trim() !== '')
+      .map((l) => JSON.parse(l) as ProbeResult);
+  }
+
+  async destroy(): Promise<void> {
+    if (this.destroyed) return;
+    await Promise.all(
+      [...this.procs].map(async (p) => {
+        p.kill('SIGTERM');
+        const t = setTimeout(() => p.kill('SIGKILL'), 3000);
+        await p.catch(() => undefined);
+        clearTimeout(t);
+      }),
+    );
+    this.destroySync();
+  }
+
+  /** Synchronous teardown, also used at exit: kill, delete namespaces and links, unregister. */
+  private destroySync(): void {
+    if (this.destroyed) return;
+    this.destroyed = true;
+    for (const p of this.procs) p.kill('SIGKILL');
+    for (const ns of [...this.namespaces].reverse()) removeNamespace(ns);
+    if (this.hostLink) execaSync('ip', ['link', 'del', this.hostLink], { reject: false });
+    rmSync(join(REGISTRY, this.runId), { force: true });
+    this.unregister();
+  }
+}
+
+function ip(ns: string, ...args: string[]) {
+  return execa('ip', ['-n', ns, ...args]);
+}
+
+function sysctl(ns: string, key: string, value: string) {
+  return execa('ip', ['netns', 'exec', ns, 'sysctl', '-q', '-w', `${key}=${value}`]);
+}
+
+function removeNamespace(ns: string): void {
+  const pids = execaSync('ip', ['netns', 'pids', ns], { reject: false }).stdout;
+  for (const pid of String(pids ?? '').split('\n').map(Number).filter(Boolean)) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
+  execaSync('ip', ['netns', 'del', ns], { reject: false });
+}
+
+/** Lists the lab namespaces on this machine (any run). */
+export function listLabNamespaces(): string[] {
+  const out = execaSync('ip', ['netns', 'list'], { reject: false }).stdout;
+  return String(out ?? '')
+    .split('\n')
+    .map((l) => l.split(' ')[0] ?? '')
+    .filter((n) => n.startsWith(NS_PREFIX));
+}
+
+/**
+ * Removes namespaces, root links and registry entries of lab runs whose owner
+ * process is gone. Only names with the lab's prefix are considered.
+ */
+export function sweepStaleLabs(): string[] {
+  const removed: string[] = [];
+  const ownerAlive = (runId: string) => {
+    try {
+      const pid = Number(readFileSync(join(REGISTRY, runId), 'utf8'));
+      return pid > 0 && isAlive(pid);
+    } catch {
+      return false;
+    }
+  };
+  const runs = new Set<string>();
+  for (const ns of listLabNamespaces()) {
+    const runId = ns.slice(NS_PREFIX.length).split('-')[0] ?? '';
+    if (ownerAlive(runId)) continue;
+    runs.add(runId);
+    removeNamespace(ns);
+    removed.push(ns);
+  }
+  let registered: string[] = [];
+  try {
+    registered = readdirSync(REGISTRY);
+  } catch {
+    // no registry yet
+  }
+  for (const runId of registered) if (!ownerAlive(runId)) runs.add(runId);
+  for (const runId of runs) {
+    execaSync('ip', ['link', 'del', `pl${runId}`], { reject: false });
+    rmSync(join(REGISTRY, runId), { force: true });
+  }
+  return removed;
+}

@@ -1,0 +1,77 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, formatHelp, parseConfig, parseDuration, type OptionSpec } from '../../lib/config.ts';
+
+const specs: OptionSpec[] = [
+  { name: 'kubeconfig', type: 'string', help: 'path to a kubeconfig' },
+  { name: 'dry-run', type: 'boolean', default: false, help: 'print instead of applying' },
+  { name: 'workers', type: 'int', default: 4, min: 1, max: 64, help: 'parallel workers' },
+  { name: 'resync-period', type: 'duration', default: 60_000, min: 1000, help: 'full resync' },
+  { name: 'iptables-backend', type: 'enum', values: ['auto', 'nft', 'legacy'], default: 'auto', help: 'backend' },
+  { name: 'reserved-ports', type: 'list', default: ['22'], help: 'ports', validate: (v) => (/^\d+$/.test(v) ? undefined : 'is not a port') },
+  { name: 'log-level', type: 'string', env: 'LOG_LEVEL', default: 'info', help: 'level' },
+  { name: 'node-name', type: 'string', env: null, help: 'flag only' },
+];
+
+describe('parseConfig', () => {
+  it('uses defaults when nothing is given', () => {
+    const { values } = parseConfig(specs, [], {});
+    expect(values).toEqual({
+      kubeconfig: undefined,
+      'dry-run': false,
+      workers: 4,
+      'resync-period': 60_000,
+      'iptables-backend': 'auto',
+      'reserved-ports': ['22'],
+      'log-level': 'info',
+      'node-name': undefined,
+    });
+  });
+
+  it('prefers flags over environment over defaults', () => {
+    const env = { PIER_WORKERS: '8', PIER_DRY_RUN: 'true', LOG_LEVEL: 'debug', PIER_NODE_NAME: 'ignored' };
+    const { values } = parseConfig(specs, ['--workers', '2', '--reserved-ports=22,6443', '--reserved-ports', '10250'], env);
+    expect(values['workers']).toBe(2);
+    expect(values['dry-run']).toBe(true);
+    expect(values['log-level']).toBe('debug');
+    expect(values['reserved-ports']).toEqual(['22', '6443', '10250']);
+    expect(values['node-name']).toBeUndefined();
+  });
+
+  it.each([
+    [['--workers', 'many'], /--workers: "many" is not an integer/],
+    [['--workers', '0'], /--workers: "0" is below the minimum 1/],
+    [['--resync-period', '10'], /--resync-period: "10" is not a duration/],
+    [['--resync-period', '10ms'], /shorter than the minimum 1000ms/],
+    [['--iptables-backend', 'ebpf'], /--iptables-backend: "ebpf" is not one of auto, nft, legacy/],
+    [['--reserved-ports', '22,ssh'], /--reserved-ports: "ssh" is not a port/],
+    [['--no-such-flag'], /Unknown option '--no-such-flag'/],
+    [['--workers'], /--workers/],
+  ])('rejects %j naming the bad value', (argv, message) => {
+    expect(() => parseConfig(specs, argv, {})).toThrow(ConfigError);
+    expect(() => parseConfig(specs, argv, {})).toThrow(message);
+  });
+
+  it('names the environment variable when the bad value came from there', () => {
+    expect(() => parseConfig(specs, [], { PIER_DRY_RUN: 'maybe' })).toThrow(/PIER_DRY_RUN: "maybe" is not a boolean/);
+    expect(() => parseConfig(specs, [], { PIER_RESYNC_PERIOD: '1 minute' })).toThrow(/PIER_RESYNC_PERIOD/);
+  });
+
+  it('documents every option with its variable and default', () => {
+    const help = formatHelp(specs);
+    expect(help).toContain('--resync-period <duration>');
+    expect(help).toContain('(default 1m) [PIER_RESYNC_PERIOD]');
+    expect(help).toContain('--iptables-backend <auto|nft|legacy>');
+    expect(help).toContain('[LOG_LEVEL]');
+    expect(help.split('\n')).toHaveLength(specs.length);
+  });
+});
+
+describe('parseDuration', () => {
+  it.each([
+    ['500ms', 500],
+    ['10s', 10_000],
+    ['1.5m', 90_000],
+    ['2h', 7_200_000],
+  ])('%s is %d ms', (text, ms) => expect(parseDuration(text)).toBe(ms));
+  it.each(['', '10', 's', '-1s', '1d', '1 s'])('%j is not a duration', (text) => expect(parseDuration(text)).toBeUndefined());
+});

@@ -1,0 +1,40 @@
+import { defineConfig } from 'vitest/config';
+
+// Three projects, from fast to real:
+//  unit         pure functions and in-process machinery, in parallel
+//  integration  a real kube-apiserver and etcd (test/cluster), one file at a time
+//  e2e          the network lab (test/lab), network namespaces, root only, one file at a time
+// Files that start servers or namespaces run one at a time: the machine has
+// two cores, and the lab's underlay addresses are fixed.
+export default defineConfig({
+  test: {
+    pool: 'forks',
+    projects: [
+      {
+        test: {
+          name: 'unit',
+          include: ['test/unit/**/*.test.ts'],
+          testTimeout: 20_000,
+        },
+      },
+      {
+        test: {
+          name: 'integration',
+          include: ['test/integration/**/*.test.ts'],
+          fileParallelism: false,
+          testTimeout: 180_000,
+          hookTimeout: 1_800_000,
+        },
+      },
+      {
+        test: {
+          name: 'e2e',
+          include: ['test/e2e/**/*.test.ts'],
+          fileParallelism: false,
+          testTimeout: 180_000,
+          hookTimeout: 1_800_000,
+        },
+      },
+    ],
+  },
+});
