@@ -58,7 +58,7 @@ describe('control plane and resilient informer', () => {
   });
 
   it('shows created objects through informers and takes a status patch', async () => {
-    await core.createNode({ body: node('node-a', [{ type: 'InternalIP', address: '192.0.2.11' }]) });
+    await core.createNode({ body: node('node-a', [{ type: 'InternalIP', address: '198.51.100.11' }]) });
     await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'web', [{ name: 'http', port: 80 }]) });
     await discovery.createNamespacedEndpointSlice({
       namespace: NS,
@@ -74,10 +74,10 @@ describe('control plane and resilient informer', () => {
     expect(nodes.get('node-a')?.metadata?.name).toBe('node-a');
     expect(slices.get('web-ipv4', NS)?.endpoints?.[0]?.addresses).toEqual(['198.19.1.10']);
 
-    const status = { loadBalancer: { ingress: [{ ip: '192.0.2.11', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP' }] }] } };
+    const status = { loadBalancer: { ingress: [{ ip: '198.51.100.11', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP' }] }] } };
     await core.patchNamespacedServiceStatus({ name: 'web', namespace: NS, body: { status } }, mergePatch);
     const seen = await eventually('status in the informer cache', () => services.get('web', NS)?.status?.loadBalancer?.ingress?.[0]);
-    expect(seen).toMatchObject({ ip: '192.0.2.11', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP' }] });
+    expect(seen).toMatchObject({ ip: '198.51.100.11', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP' }] });
     // The status subresource ignores spec changes and vice versa.
     const svc = await core.readNamespacedService({ name: 'web', namespace: NS });
     expect(svc.spec?.ports?.[0]?.port).toBe(80);

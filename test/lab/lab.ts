@@ -4,11 +4,11 @@
 //   root ns ──(optional veth, for the API server)──┐
 //                                        underlay ns: bridge br0
 //           ┌──────────────────────┬────────────┴─────────┐
-//      node n1 (192.0.2.11)   node n2 (192.0.2.12)   client c1 (192.0.2.101)
+//      node n1 (198.51.100.11)   node n2 (198.51.100.12)   client c1 (198.51.100.101)
 //      bridge "pods"          bridge "pods"
 //       pod n1-p1, n1-p2       pod n2-p1 ...
 //
-// Underlay: 192.0.2.0/24 and 2001:db8:0:1::/64. Node i's pods: 198.19.i.0/24
+// Underlay: 198.51.100.0/24 and 2001:db8:0:1::/64. Node i's pods: 198.19.i.0/24
 // and 2001:db8:1:i::/64, routed between nodes (and from clients) via node
 // addresses. Every pod runs echo-server.ts on port 8080, TCP and UDP.
 //
@@ -33,9 +33,9 @@ export interface LabSpec {
   hostLink?: boolean;
 }
 
-export const UNDERLAY_V4 = '192.0.2.0/24';
+export const UNDERLAY_V4 = '198.51.100.0/24';
 export const UNDERLAY_V6 = '2001:db8:0:1::/64';
-export const HOST_V4 = '192.0.2.254';
+export const HOST_V4 = '198.51.100.254';
 export const HOST_V6 = '2001:db8:0:1::fe';
 
 export interface Endpoint {
@@ -68,8 +68,8 @@ export interface ProbeOptions {
   intervalMs?: number;
 }
 
-const nodeAddr = (i: number) => ({ v4: `192.0.2.${10 + i}`, v6: `2001:db8:0:1::${10 + i}` });
-const clientAddr = (j: number) => ({ v4: `192.0.2.${100 + j}`, v6: `2001:db8:0:1::${100 + j}` });
+const nodeAddr = (i: number) => ({ v4: `198.51.100.${10 + i}`, v6: `2001:db8:0:1::${10 + i}` });
+const clientAddr = (j: number) => ({ v4: `198.51.100.${100 + j}`, v6: `2001:db8:0:1::${100 + j}` });
 const podNet = (i: number) => ({ v4: `198.19.${i}.0/24`, v6: `2001:db8:1:${i}::/64`, gw4: `198.19.${i}.1`, gw6: `2001:db8:1:${i}::1` });
 const podAddr = (i: number, k: number) => ({ v4: `198.19.${i}.${10 + k}`, v6: `2001:db8:1:${i}::${10 + k}` });
 
@@ -118,6 +118,8 @@ export class Lab {
     await ip(ul, 'link', 'set', 'br0', 'up');
 
     if (this.hostLink) {
+      await assertFreeInRootNamespace(UNDERLAY_V4, HOST_V4);
+      await assertFreeInRootNamespace(UNDERLAY_V6, HOST_V6);
       await execa('ip', ['link', 'add', this.hostLink, 'type', 'veth', 'peer', 'name', 'host', 'netns', ul]);
       await execa('ip', ['addr', 'add', `${HOST_V4}/24`, 'dev', this.hostLink]);
       await execa('ip', ['-6', 'addr', 'add', `${HOST_V6}/64`, 'dev', this.hostLink, 'nodad']);
@@ -269,6 +271,21 @@ export class Lab {
     if (this.hostLink) execaSync('ip', ['link', 'del', this.hostLink], { reject: false });
     rmSync(join(REGISTRY, this.runId), { force: true });
     this.unregister();
+  }
+}
+
+/**
+ * The host link puts the underlay prefix into the machine's own routing
+ * table. If the machine already routes that prefix somewhere (this
+ * workplace's machines sit on 192.0.2.0/24), replies would leave through the
+ * real interface, so refuse instead.
+ */
+async function assertFreeInRootNamespace(prefix: string, probe: string): Promise<void> {
+  const family = probe.includes(':') ? '-6' : '-4';
+  const { stdout } = await execa('ip', [family, 'route', 'show', 'match', probe]);
+  const clash = stdout.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('default'));
+  if (clash.length > 0) {
+    throw new Error(`lab underlay ${prefix} is already routed in the root namespace (${clash.join('; ')}); refusing to add the host link`);
   }
 }
 
