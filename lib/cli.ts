@@ -13,10 +13,22 @@ interface Command {
 
 const COMMANDS: Record<string, Command> = {
   controller: { summary: 'assign node addresses and ports to LoadBalancer Services (cluster-wide, leader-elected)', pending: 'issue #4' },
-  agent: { summary: 'program this node\'s iptables for the Services assigned to it (DaemonSet, host network)', pending: 'issue #3' },
-  plan: { summary: 'print the iptables-restore input the agent would apply, from manifests on disk, with no cluster', pending: 'issue #3' },
-  cleanup: { summary: 'remove every pier chain and rule from this node, IPv4 and IPv6', pending: 'issue #3' },
-  check: { summary: 'report whether this node can forward: sysctls, iptables backend, ip6tables nat', pending: 'issue #3' },
+  agent: {
+    summary: "program this node's iptables for the Services assigned to it (DaemonSet, host network)",
+    run: async (argv) => (await import('../agent/main.ts')).runAgent(argv),
+  },
+  plan: {
+    summary: 'print the iptables-restore input the agent would apply, from manifests on disk, with no cluster',
+    run: async (argv) => (await import('../agent/plan.ts')).runPlan(argv),
+  },
+  cleanup: {
+    summary: 'remove every pier chain and rule from this node, IPv4 and IPv6',
+    run: async (argv) => (await import('../agent/cleanup.ts')).runCleanup(argv),
+  },
+  check: {
+    summary: 'report whether this node can forward: sysctls, iptables backend, nat and filter tables',
+    run: async (argv) => (await import('../agent/check.ts')).runCheck(argv),
+  },
 };
 
 export function usage(): string {
@@ -64,7 +76,9 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (err: unknown) => {
-    process.stderr.write(`pier: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    // Errors pier explains itself get one line; anything else is a bug and keeps its stack.
+    const known = err instanceof Error && ['KubeConfigError', 'ConfigError', 'ManifestError', 'IptablesError'].includes(err.name);
+    process.stderr.write(`pier: ${known ? (err as Error).message : err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exitCode = 1;
   },
 );

@@ -147,6 +147,9 @@ export class Lab {
         await this.addNs(podNs);
         await execa('ip', ['link', 'add', 'eth0', 'netns', podNs, 'type', 'veth', 'peer', 'name', `p${k}`, 'netns', ns]);
         await ip(ns, 'link', 'set', `p${k}`, 'master', 'pods', 'up');
+        // As CNI bridge plugins do (hairpinMode): with br_netfilter, a pod
+        // reaching itself through a DNAT is bridged back out of its own port.
+        await ip(ns, 'link', 'set', `p${k}`, 'type', 'bridge_slave', 'hairpin', 'on');
         await ip(podNs, 'addr', 'add', `${pod.v4}/24`, 'dev', 'eth0');
         await ip(podNs, '-6', 'addr', 'add', `${pod.v6}/64`, 'dev', 'eth0', 'nodad');
         await ip(podNs, 'link', 'set', 'eth0', 'up');

@@ -1,0 +1,336 @@
+// `pier agent`: the per-node data plane. Watches Services, EndpointSlices and
+// its own Node; renders the rules this node should hold (model.ts,
+// render.ts) and applies them (applier.ts); reports what it can do in its
+// Lease, in Events and in metrics. Rules stay in place when it stops.
+import type { KubeConfig, V1Node, V1ObjectReference, V1Service } from '@kubernetes/client-node';
+import { endpointSliceInformer, nodeInformer, serviceInformer } from '../lib/collections.ts';
+import { Coalescer } from '../lib/coalescer.ts';
+import * as contract from '../lib/contract.ts';
+import type { Family } from '../lib/contract.ts';
+import { EventRecorder } from '../lib/events.ts';
+import { startHealthServer } from '../lib/health.ts';
+import { LeaseRenewer } from '../lib/lease.ts';
+import type { Logger } from '../lib/log.ts';
+import { VERSION } from '../lib/version.ts';
+import { Applier } from './applier.ts';
+import { detectBackend } from './backend.ts';
+import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
+import { agentMetrics, type AgentMetrics } from './metrics.ts';
+import { buildModel, type Model, type Problem } from './model.ts';
+import { renderRuleset, TABLES, type Ruleset } from './render.ts';
+import { planText, restoreText } from './restore.ts';
+import { checkForwarding } from './sysctl.ts';
+
+export interface AgentConfig {
+  nodeName: string;
+  namespace: string;
+  defaultClass: boolean;
+  dryRun: boolean;
+  setSysctls: boolean;
+  backend: 'auto' | Backend;
+  markBit: number;
+  maxPortsPerService: number;
+  minSyncIntervalMs: number;
+  resyncPeriodMs: number;
+  healthAddress: string;
+  healthPort: number;
+  leaseDurationSeconds: number;
+  leaseRenewMs: number;
+}
+
+/** What this node can do for one family, as the Lease reports it. */
+interface Capability {
+  forwarding: boolean;
+  reason?: string;
+}
+
+export interface AgentDeps {
+  kc: KubeConfig;
+  log: Logger;
+  /** Runs iptables; tests and benchmarks aim it at a namespace. */
+  runner?: Runner;
+  /** Where dry-run payloads go. */
+  out?: (text: string) => void;
+  /** /proc/sys, overridable for tests. */
+  procSys?: string;
+}
+
+export class Agent {
+  readonly metrics: AgentMetrics;
+  private readonly cfg: AgentConfig;
+  private readonly deps: AgentDeps;
+  private readonly log: Logger;
+  private readonly services;
+  private readonly slices;
+  private readonly nodes;
+  private readonly events: EventRecorder;
+  private readonly coalescer: Coalescer<{ verify: boolean }>;
+  private lease: LeaseRenewer | undefined;
+  private health: Awaited<ReturnType<typeof startHealthServer>> | undefined;
+  private resyncTimer: NodeJS.Timeout | undefined;
+  private appliers = new Map<Family, Applier>();
+  private backend: Backend = 'nft';
+  private backendReason = '';
+  private capability: Record<Family, Capability> = {
+    ipv4: { forwarding: false, reason: 'not checked yet' },
+    ipv6: { forwarding: false, reason: 'not checked yet' },
+  };
+  /** Families whose last apply failed, with the error. */
+  private applyErrors = new Map<Family, string>();
+  private lastProblems = new Set<string>();
+  private dryRunApplied = new Map<Family, Ruleset>();
+  private syncs = 0;
+  private readyDetail = 'no successful sync yet';
+  ready = false;
+
+  constructor(cfg: AgentConfig, deps: AgentDeps) {
+    this.cfg = cfg;
+    this.deps = deps;
+    this.log = deps.log.child({ node: cfg.nodeName });
+    this.metrics = agentMetrics();
+    const backoff = { initialMs: 500, maxMs: 10_000 };
+    this.services = serviceInformer(deps.kc, { log: this.log, backoff });
+    this.slices = endpointSliceInformer(deps.kc, { log: this.log, backoff });
+    this.nodes = nodeInformer(deps.kc, { log: this.log, backoff, fieldSelector: `metadata.name=${cfg.nodeName}` });
+    this.events = new EventRecorder({ kc: deps.kc, controller: 'pier.dev/agent', instance: cfg.nodeName, log: this.log });
+    this.coalescer = new Coalescer((o) => this.sync(o), {
+      minIntervalMs: cfg.minSyncIntervalMs,
+      merge: (a, b) => ({ verify: a.verify || b.verify }),
+    });
+  }
+
+  async start(): Promise<void> {
+    const cfg = this.cfg;
+    this.health = await startHealthServer({
+      address: cfg.healthAddress,
+      port: cfg.healthPort,
+      registry: this.metrics.registry,
+      ready: () => ({ ok: this.ready, detail: this.readyDetail }),
+    });
+    await this.checkNode();
+    if (!cfg.dryRun) {
+      this.lease = new LeaseRenewer({
+        kc: this.deps.kc,
+        namespace: cfg.namespace,
+        name: contract.agentLeaseName(cfg.nodeName),
+        holder: cfg.nodeName,
+        durationSeconds: cfg.leaseDurationSeconds,
+        renewEveryMs: cfg.leaseRenewMs,
+        labels: { [contract.AGENT_LEASE_LABEL]: contract.AGENT_LEASE_LABEL_VALUE },
+        annotations: () => this.leaseAnnotations(),
+        log: this.log,
+      });
+      this.lease.start();
+    }
+    const onChange = () => this.coalescer.request({ verify: false });
+    this.services.onChange(onChange);
+    this.slices.onChange(onChange);
+    this.nodes.onChange(onChange);
+    for (const inf of [this.services, this.slices, this.nodes]) inf.start();
+    await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
+    this.log.info({ backend: this.backend, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
+    this.coalescer.request({ verify: true });
+    this.resyncTimer = setInterval(() => {
+      void this.checkNode().then(() => this.coalescer.request({ verify: true }));
+    }, cfg.resyncPeriodMs);
+  }
+
+  get healthPort(): number | undefined {
+    return this.health?.port;
+  }
+
+  /** Stops watching and reporting. The rules stay: traffic keeps flowing through an upgrade. */
+  async stop(): Promise<void> {
+    clearInterval(this.resyncTimer);
+    await this.coalescer.stop();
+    await Promise.all([this.services.stop(), this.slices.stop(), this.nodes.stop()]);
+    await this.lease?.stop();
+    await this.health?.close();
+  }
+
+  /** Forwarding sysctls, iptables backend and ip6tables nat: what this node can serve. */
+  async checkNode(): Promise<void> {
+    const cfg = this.cfg;
+    const runner = this.deps.runner ?? commandRunner();
+    if (this.appliers.size === 0 && !cfg.dryRun) {
+      if (cfg.backend === 'auto') {
+        const choice = await detectBackend(runner);
+        this.backend = choice.backend;
+        this.backendReason = choice.reason;
+      } else {
+        this.backend = cfg.backend;
+        this.backendReason = 'set with --iptables-backend';
+      }
+    }
+    for (const family of contract.FAMILIES) {
+      const fwd = await checkForwarding(family, { set: cfg.setSysctls && !cfg.dryRun, root: this.deps.procSys });
+      let tableError: string | undefined;
+      if (!cfg.dryRun) {
+        const xt = new Xtables(family, this.backend, runner);
+        for (const table of TABLES) {
+          const t = await xt.hasTable(table);
+          if (!t.ok) {
+            tableError = `${family === 'ipv4' ? 'iptables' : 'ip6tables'} has no usable ${table} table: ${t.error}`;
+            break;
+          }
+        }
+        // Rules are programmed even while forwarding is off, so they work the
+        // moment it is turned on; only unusable tables keep a family out.
+        if (!tableError && !this.appliers.has(family)) this.appliers.set(family, new Applier(xt, this.log));
+      }
+      const cap: Capability = tableError
+        ? { forwarding: false, reason: tableError }
+        : fwd.enabled
+          ? { forwarding: true }
+          : { forwarding: false, reason: fwd.reason };
+      const before = this.capability[family];
+      this.capability[family] = cap;
+      this.metrics.forwarding.set({ family }, cap.forwarding ? 1 : 0);
+      if (before.forwarding === cap.forwarding && before.reason === cap.reason) continue;
+      if (cap.forwarding) {
+        this.log.info({ family }, 'forwarding available');
+      } else {
+        this.log.warn({ family, reason: cap.reason }, 'this node cannot forward the family; the controller will not advertise it');
+        this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason: 'ForwardingDisabled', action: 'Check', note: `${family}: ${cap.reason}` });
+      }
+      this.lease?.renewNow();
+    }
+  }
+
+  private leaseAnnotations(): Record<string, string> {
+    const a: Record<string, string> = {
+      [contract.LEASE_NODE]: this.cfg.nodeName,
+      [contract.LEASE_IPTABLES_BACKEND]: this.backend,
+      [contract.LEASE_VERSION]: VERSION,
+    };
+    const keys = {
+      ipv4: [contract.LEASE_FORWARDING_IPV4, contract.LEASE_FORWARDING_IPV4_REASON],
+      ipv6: [contract.LEASE_FORWARDING_IPV6, contract.LEASE_FORWARDING_IPV6_REASON],
+    } as const;
+    for (const family of contract.FAMILIES) {
+      const cap = this.capability[family];
+      const applyError = this.applyErrors.get(family);
+      const ok = cap.forwarding && applyError === undefined;
+      a[keys[family][0]] = String(ok);
+      a[keys[family][1]] = ok ? '' : (cap.reason ?? `applying rules fails: ${applyError}`);
+    }
+    return a;
+  }
+
+  private nodeRef(): V1ObjectReference {
+    const node = this.nodes.get(this.cfg.nodeName);
+    return { apiVersion: 'v1', kind: 'Node', name: this.cfg.nodeName, uid: node?.metadata?.uid };
+  }
+
+  /** One sync: render from the informers' caches, apply per family. Never throws. */
+  private async sync(opts: { verify: boolean }): Promise<void> {
+    const node = this.nodes.get(this.cfg.nodeName);
+    if (!node) {
+      // Without the Node its addresses are unknown; rendering nothing would
+      // delete every rule, so keep what is there until it shows up.
+      this.readyDetail = `Node ${this.cfg.nodeName} not found; keeping existing rules`;
+      this.log.warn(this.readyDetail);
+      return;
+    }
+    this.syncs++;
+    const model = buildModel({
+      nodeName: this.cfg.nodeName,
+      nodeAddresses: nodeAddresses(node),
+      services: [...this.services.list()],
+      slices: [...this.slices.list()],
+      config: {
+        loadBalancerClass: contract.LOAD_BALANCER_CLASS,
+        defaultClass: this.cfg.defaultClass,
+        maxPortsPerService: this.cfg.maxPortsPerService,
+      },
+    });
+    this.report(model.problems);
+
+    let allOk = true;
+    const families = this.cfg.dryRun ? contract.FAMILIES : [...this.appliers.keys()];
+    for (const family of families) {
+      const started = performance.now();
+      const ruleset = renderRuleset(model[family], { markBit: 1 << this.cfg.markBit });
+      try {
+        const mode = this.cfg.dryRun ? this.printDryRun(family, ruleset) : (await this.appliers.get(family)!.apply(ruleset, opts)).mode;
+        this.metrics.syncDuration.observe({ family, mode }, (performance.now() - started) / 1000);
+        for (const table of TABLES) {
+          const t = ruleset.tables[table];
+          let rules = t.jumps.length;
+          for (const r of t.chains.values()) rules += r.length;
+          this.metrics.rules.set({ family, table }, rules);
+          this.metrics.chains.set({ family, table }, t.chains.size);
+        }
+        if (this.applyErrors.delete(family)) this.lease?.renewNow();
+      } catch (err) {
+        allOk = false;
+        const msg = (err as Error).message;
+        this.metrics.syncErrors.inc({ family });
+        this.log.error({ family, err: msg }, 'applying rules failed; the rules in place stay until a sync succeeds');
+        if (!this.applyErrors.has(family)) this.lease?.renewNow();
+        this.applyErrors.set(family, msg);
+        this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason: 'SyncFailed', action: 'Sync', note: `${family}: ${msg}` });
+      }
+    }
+    if (allOk) {
+      this.ready = true;
+      this.readyDetail = `synced ${this.syncs} times`;
+      this.metrics.lastSuccess.set(Date.now() / 1000);
+    } else {
+      this.readyDetail = `last sync failed: ${[...this.applyErrors].map(([f, e]) => `${f}: ${e}`).join('; ')}`;
+    }
+  }
+
+  private printDryRun(family: Family, ruleset: Ruleset): 'full' | 'partial' | 'noop' {
+    const previous = this.dryRunApplied.get(family);
+    const payload = previous ? restoreText(ruleset, { previous }) : planText(ruleset);
+    this.dryRunApplied.set(family, ruleset);
+    const out = this.deps.out ?? ((t: string) => process.stdout.write(t));
+    const head = `# pier agent --dry-run: node ${this.cfg.nodeName}, ${family}, sync ${this.syncs}`;
+    if (payload === '') {
+      out(`${head}: no change\n`);
+      return 'noop';
+    }
+    out(`${head}: ${previous ? 'changes' : 'complete ruleset'} for ${family === 'ipv4' ? 'iptables' : 'ip6tables'}-restore --noflush\n${payload}`);
+    return previous ? 'partial' : 'full';
+  }
+
+  /** Problems become Warning Events on their Service and log lines, once per distinct problem. */
+  private report(problems: Problem[]): void {
+    const now = new Set<string>();
+    const byReason = new Map<string, number>();
+    for (const p of problems) {
+      const key = `${p.service}\u0000${p.port ?? ''}\u0000${p.reason}\u0000${p.message}`;
+      now.add(key);
+      byReason.set(p.reason, (byReason.get(p.reason) ?? 0) + 1);
+      if (this.lastProblems.has(key)) continue;
+      this.log.warn({ service: p.service, port: p.port, reason: p.reason }, p.message);
+      const [namespace, name] = p.service.split('/') as [string, string];
+      const svc: V1Service | undefined = this.services.get(name, namespace);
+      this.events.record({
+        regarding: { apiVersion: 'v1', kind: 'Service', namespace, name, uid: svc?.metadata?.uid },
+        type: 'Warning',
+        reason: p.reason,
+        action: 'Sync',
+        note: `node ${this.cfg.nodeName}: ${p.message}`,
+      });
+    }
+    this.metrics.problems.reset();
+    for (const [reason, n] of byReason) this.metrics.problems.set({ reason }, n);
+    this.lastProblems = now;
+  }
+
+  /** For tests: resolves when no sync is running or pending. */
+  idle(): Promise<void> {
+    return this.coalescer.idle();
+  }
+}
+
+/** The addresses the controller may advertise for this node: InternalIP and ExternalIP. */
+export function nodeAddresses(node: V1Node): string[] {
+  return (node.status?.addresses ?? [])
+    .filter((a) => a.type === 'InternalIP' || a.type === 'ExternalIP')
+    .map((a) => a.address);
+}
+
+export type { Model };

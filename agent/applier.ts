@@ -1,0 +1,226 @@
+// Makes the kernel hold a rendered ruleset, for one address family, with as
+// little work as possible:
+//  - nothing at all when the desired ruleset equals what was last applied;
+//  - otherwise one iptables-restore --noflush transaction with only the
+//    changed chains (restoreText's delta), falling back to a full rewrite of
+//    every pier chain when the partial one fails;
+//  - a full rewrite when pier's state in the kernel is unknown: at start, after
+//    a failure, or when the canary rule is gone (someone flushed the table);
+//  - jumps from built-in chains checked with -C and inserted only when missing,
+//    at start, on full rewrites and on periodic resyncs.
+// iptables-save is only read on full rewrites (it costs hundreds of
+// milliseconds at 10,000 ports).
+import type { Family } from '../lib/contract.ts';
+import type { Logger } from '../lib/log.ts';
+import { silentLogger } from '../lib/log.ts';
+import type { Xtables } from './iptables.ts';
+import { CANARY_CHAIN, CHAIN_PREFIX, TABLES, type Ruleset, type TableName } from './render.ts';
+import { parseSave, restoreText, splitRule, type SavedTables } from './restore.ts';
+
+export type ApplyMode = 'noop' | 'partial' | 'full';
+
+export interface ApplyResult {
+  family: Family;
+  mode: ApplyMode;
+  /** Bytes handed to iptables-restore (0 for noop). */
+  payloadBytes: number;
+  jumpsInserted: number;
+  /** Why a full rewrite happened, when it did. */
+  reason?: string;
+}
+
+export class Applier {
+  readonly family: Family;
+  private readonly xt: Xtables;
+  private readonly log: Logger;
+  /** What the kernel holds, as far as this process knows; undefined = unknown. */
+  private applied: Ruleset | undefined;
+
+  constructor(xt: Xtables, log: Logger = silentLogger) {
+    this.xt = xt;
+    this.family = xt.family;
+    this.log = log.child({ family: xt.family });
+  }
+
+  /** Forget what was applied, so the next apply rewrites everything. */
+  invalidate(): void {
+    this.applied = undefined;
+  }
+
+  /**
+   * Applies `next`. `verify` (periodic resyncs) also checks the canary and
+   * every jump, to heal changes made behind pier's back.
+   */
+  async apply(next: Ruleset, opts: { verify?: boolean } = {}): Promise<ApplyResult> {
+    let reason: string | undefined;
+    if (!this.applied) reason = 'initial sync';
+    else if (opts.verify && !(await this.canaryIntact())) reason = 'canary rule missing: pier chains were flushed from outside';
+
+    if (reason === undefined && this.applied) {
+      const payload = restoreText(next, { previous: this.applied });
+      if (payload === '') {
+        const jumpsInserted = opts.verify ? await this.ensureJumps(next) : 0;
+        return { family: this.family, mode: 'noop', payloadBytes: 0, jumpsInserted };
+      }
+      try {
+        await this.xt.restore(payload);
+        this.applied = next;
+        const jumpsInserted = opts.verify ? await this.ensureJumps(next) : 0;
+        return { family: this.family, mode: 'partial', payloadBytes: payload.length, jumpsInserted };
+      } catch (err) {
+        reason = `partial restore failed: ${(err as Error).message}`;
+        this.log.warn({ err: (err as Error).message }, 'partial restore failed; rewriting every pier chain');
+      }
+    }
+    return this.full(next, reason ?? 'full');
+  }
+
+  private async full(next: Ruleset, reason: string): Promise<ApplyResult> {
+    this.applied = undefined;
+    const saved = await this.saveTables();
+    const existingChains: Partial<Record<TableName, string[]>> = {};
+    const jumpEdits: Partial<Record<TableName, JumpEdits>> = {};
+    for (const table of TABLES) {
+      existingChains[table] = pierChains(saved.get(table));
+      jumpEdits[table] = planJumps(next, table, saved.get(table));
+    }
+    // One transaction: stale jumps out (before their chains are deleted),
+    // chains rewritten, missing jumps in. No command per jump.
+    const payload = withJumpEdits(restoreText(next, { existingChains }), jumpEdits);
+    if (payload !== '') await this.xt.restore(payload);
+    this.applied = next;
+    const jumpsInserted = TABLES.reduce((n, t) => n + (jumpEdits[t]?.insert.length ?? 0), 0);
+    this.log.info({ reason, bytes: payload.length, jumpsInserted }, 'full rewrite of pier chains');
+    return { family: this.family, mode: 'full', payloadBytes: payload.length, jumpsInserted, reason };
+  }
+
+  /** nat and filter in one iptables-save call. */
+  private async saveTables(): Promise<SavedTables> {
+    const all = parseSave(await this.xt.save());
+    for (const table of TABLES) if (!all.has(table)) all.set(table, new Map());
+    return all;
+  }
+
+  private async canaryIntact(): Promise<boolean> {
+    for (const table of TABLES) {
+      if (!(await this.xt.chainHasRules(table, CANARY_CHAIN))) return false;
+    }
+    return true;
+  }
+
+  /**
+   * Checks each jump with -C and inserts the missing ones at the top of their
+   * built-in chain (so the host's own DROP rules cannot shadow them),
+   * in reverse so the rendered order holds. Used on resyncs; full rewrites
+   * fold jump edits into their restore payload instead.
+   */
+  private async ensureJumps(next: Ruleset): Promise<number> {
+    let inserted = 0;
+    for (const table of TABLES) {
+      const missing = [];
+      for (const j of next.tables[table].jumps) if (!(await this.xt.checkRule(table, j.chain, j.rule))) missing.push(j);
+      for (const j of missing.reverse()) {
+        await this.xt.insertRule(table, j.chain, j.rule, 1);
+        inserted++;
+      }
+    }
+    return inserted;
+  }
+}
+
+interface JumpEdits {
+  remove: { chain: string; rule: string }[];
+  insert: { chain: string; rule: string }[];
+}
+
+/**
+ * From a save of one table: jumps into pier chains that are not wanted (an
+ * older pier's, or duplicates) and wanted jumps that are missing.
+ */
+export function planJumps(next: Ruleset, table: TableName, saved: Map<string, string[]> | undefined): JumpEdits {
+  const wanted = next.tables[table].jumps;
+  const want = new Set(wanted.map((j) => `${j.chain}\u0000${j.rule}`));
+  const seen = new Set<string>();
+  const remove: JumpEdits['remove'] = [];
+  for (const [chain, rules] of saved ?? []) {
+    if (chain.startsWith(CHAIN_PREFIX)) continue;
+    for (const rule of rules) {
+      if (!jumpTarget(rule)?.startsWith(CHAIN_PREFIX)) continue;
+      const key = `${chain}\u0000${rule}`;
+      if (!want.has(key) || seen.has(key)) remove.push({ chain, rule });
+      seen.add(key);
+    }
+  }
+  const insert = wanted.filter((j) => !seen.has(`${j.chain}\u0000${j.rule}`));
+  return { remove, insert };
+}
+
+/**
+ * Adds jump deletions and insertions to a restore payload's table blocks:
+ * deletions before any chain deletion (-X) in the block, insertions (at the
+ * top of their chain, in reverse so the rendered order holds) at its end.
+ */
+export function withJumpEdits(payload: string, edits: Partial<Record<TableName, JumpEdits>>): string {
+  const lines = payload === '' ? [] : payload.replace(/\n$/, '').split('\n');
+  for (const table of TABLES) {
+    const e = edits[table];
+    if (!e || (e.remove.length === 0 && e.insert.length === 0)) continue;
+    let start = lines.indexOf(`*${table}`);
+    if (start < 0) {
+      lines.push(`*${table}`, 'COMMIT');
+      start = lines.length - 2;
+    }
+    const commit = lines.indexOf('COMMIT', start);
+    let firstX = lines.findIndex((l, i) => i > start && i < commit && l.startsWith('-X '));
+    if (firstX < 0) firstX = commit;
+    const deletes = e.remove.map((j) => `-D ${j.chain} ${j.rule}`);
+    const inserts = [...e.insert].reverse().map((j) => `-I ${j.chain} 1 ${j.rule}`);
+    lines.splice(commit, 0, ...inserts);
+    lines.splice(firstX, 0, ...deletes);
+  }
+  return lines.length === 0 ? '' : `${lines.join('\n')}\n`;
+}
+
+/** Every pier chain in one table of a parsed save. */
+export function pierChains(tables: Map<string, string[]> | undefined): string[] {
+  return [...(tables?.keys() ?? [])].filter((c) => c.startsWith(CHAIN_PREFIX));
+}
+
+/** The target of a rule as iptables-save prints it (`-j X` or `-g X`). */
+export function jumpTarget(rule: string): string | undefined {
+  // Split first: a comment may contain " -j ".
+  const words = splitRule(rule);
+  for (let i = words.length - 2; i >= 0; i--) if (words[i] === '-j' || words[i] === '-g') return words[i + 1];
+  return undefined;
+}
+
+/**
+ * Removes every pier jump and chain from both tables of one family, and
+ * nothing else, in one transaction: `pier cleanup`. Returns what it removed.
+ */
+export async function removeAll(xt: Xtables): Promise<{ jumps: number; chains: number }> {
+  const saved = parseSave(await xt.save());
+  const edits: Partial<Record<TableName, JumpEdits>> = {};
+  const existingChains: Partial<Record<TableName, string[]>> = {};
+  let jumps = 0;
+  let chains = 0;
+  for (const table of TABLES) {
+    const tableChains = saved.get(table);
+    existingChains[table] = pierChains(tableChains);
+    chains += existingChains[table].length;
+    edits[table] = { remove: [], insert: [] };
+    for (const [chain, rules] of tableChains ?? []) {
+      if (chain.startsWith(CHAIN_PREFIX)) continue;
+      for (const rule of rules) if (jumpTarget(rule)?.startsWith(CHAIN_PREFIX)) edits[table].remove.push({ chain, rule });
+    }
+    jumps += edits[table].remove.length;
+  }
+  const payload = withJumpEdits(restoreText(EMPTY, { existingChains }), edits);
+  if (payload !== '') await xt.restore(payload);
+  return { jumps, chains };
+}
+
+const EMPTY: Ruleset = {
+  family: 'ipv4',
+  tables: { nat: { chains: new Map(), jumps: [] }, filter: { chains: new Map(), jumps: [] } },
+};

@@ -1,0 +1,137 @@
+// The only module that runs iptables. Every call goes through execa with an
+// argument array; rule text from the renderer is split into arguments
+// (splitRule), never handed to a shell.
+import { execa } from 'execa';
+import type { Family } from '../lib/contract.ts';
+import { splitRule } from './restore.ts';
+
+export type Backend = 'nft' | 'legacy';
+export type Table = 'nat' | 'filter' | 'mangle' | 'raw';
+
+/** Seconds to wait for the xtables lock another process holds (kube-proxy, kubelet, firewalld). */
+const WAIT_SECONDS = '5';
+
+export class IptablesError extends Error {
+  override name = 'IptablesError';
+  readonly stderr: string;
+  readonly exitCode: number | undefined;
+  constructor(message: string, stderr: string, exitCode: number | undefined) {
+    super(message);
+    this.stderr = stderr;
+    this.exitCode = exitCode;
+  }
+}
+
+export interface RunResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Runs one command. `prefix` (for example `ip netns exec NS`) lets tests and
+ * benchmarks aim the agent at a namespace of their own; the agent itself runs
+ * in the namespace it programs and uses none.
+ */
+export type Runner = (file: string, args: string[], input?: string) => Promise<RunResult>;
+
+export function commandRunner(prefix: readonly string[] = []): Runner {
+  return async (file, args, input) => {
+    const [cmd, ...rest] = prefix.length > 0 ? [...prefix, file, ...args] : [file, ...args];
+    const r = await execa(cmd!, rest, { input, reject: false, stripFinalNewline: false, maxBuffer: 512 * 1024 * 1024 });
+    if (r.failed && r.exitCode === undefined) {
+      // Not started at all (binary missing): say which one.
+      throw new IptablesError(`cannot run ${file}: ${r.shortMessage}`, String(r.stderr ?? ''), undefined);
+    }
+    return { exitCode: r.exitCode ?? 1, stdout: String(r.stdout ?? ''), stderr: String(r.stderr ?? '') };
+  };
+}
+
+export function binaries(backend: Backend, family: Family): { cmd: string; save: string; restore: string } {
+  const base = family === 'ipv4' ? 'iptables' : 'ip6tables';
+  return { cmd: `${base}-${backend}`, save: `${base}-${backend}-save`, restore: `${base}-${backend}-restore` };
+}
+
+/** iptables for one family and backend. */
+export class Xtables {
+  readonly family: Family;
+  readonly backend: Backend;
+  private readonly run: Runner;
+  private readonly bin: ReturnType<typeof binaries>;
+  private readonly wait: string[];
+
+  constructor(family: Family, backend: Backend, run: Runner = commandRunner()) {
+    this.family = family;
+    this.backend = backend;
+    this.run = run;
+    this.bin = binaries(backend, family);
+    // nft needs no lock and warns about the interval flag; legacy polls the lock.
+    this.wait = backend === 'legacy' ? ['-w', WAIT_SECONDS, '-W', '100000'] : ['-w', WAIT_SECONDS];
+  }
+
+  /** Applies a payload in one transaction without flushing what it does not name. */
+  async restore(payload: string, opts: { test?: boolean } = {}): Promise<void> {
+    const args = [...this.wait, '--noflush', ...(opts.test ? ['--test'] : [])];
+    const r = await this.run(this.bin.restore, args, payload);
+    if (r.exitCode !== 0) {
+      throw new IptablesError(`${this.bin.restore} failed: ${describeRestoreFailure(r.stderr, payload)}`, r.stderr, r.exitCode);
+    }
+  }
+
+  /** iptables-save of one table, or of all. Slow at scale (hundreds of ms for 10k rules): not for every sync. */
+  async save(table?: Table): Promise<string> {
+    const r = await this.run(this.bin.save, table ? ['-t', table] : []);
+    if (r.exitCode !== 0) throw new IptablesError(`${this.bin.save}${table ? ` -t ${table}` : ''} failed: ${r.stderr.trim()}`, r.stderr, r.exitCode);
+    return r.stdout;
+  }
+
+  /** Whether `table` can be used at all (ip6tables' nat table needs kernel support). */
+  async hasTable(table: Table): Promise<{ ok: boolean; error?: string }> {
+    const r = await this.run(this.bin.cmd, [...this.wait, '-t', table, '-S', 'INPUT', '1']);
+    // A table without an INPUT chain (raw) still answers 1 for a missing chain, not 3 (module missing).
+    if (r.exitCode === 0) return { ok: true };
+    return { ok: false, error: r.stderr.trim() || `exit code ${r.exitCode}` };
+  }
+
+  async chainExists(table: Table, chain: string): Promise<boolean> {
+    const r = await this.run(this.bin.cmd, [...this.wait, '-t', table, '-S', chain, '1']);
+    return r.exitCode === 0;
+  }
+
+  /** Whether `chain` exists and holds at least one rule (the canary test: a flush empties chains). */
+  async chainHasRules(table: Table, chain: string): Promise<boolean> {
+    const r = await this.run(this.bin.cmd, [...this.wait, '-t', table, '-S', chain]);
+    return r.exitCode === 0 && r.stdout.split('\n').some((l) => l.startsWith('-A '));
+  }
+
+  async checkRule(table: Table, chain: string, rule: string): Promise<boolean> {
+    const r = await this.run(this.bin.cmd, [...this.wait, '-t', table, '-C', chain, ...splitRule(rule)]);
+    if (r.exitCode === 0) return true;
+    if (r.exitCode === 1) return false;
+    throw new IptablesError(`${this.bin.cmd} -t ${table} -C ${chain} ${rule}: ${r.stderr.trim()}`, r.stderr, r.exitCode);
+  }
+
+  async insertRule(table: Table, chain: string, rule: string, position = 1): Promise<void> {
+    await this.must(['-t', table, '-I', chain, String(position), ...splitRule(rule)]);
+  }
+
+  /** Deletes one copy of the rule; false when it was not there. */
+  async deleteRule(table: Table, chain: string, rule: string): Promise<boolean> {
+    const r = await this.run(this.bin.cmd, [...this.wait, '-t', table, '-D', chain, ...splitRule(rule)]);
+    return r.exitCode === 0;
+  }
+
+  private async must(args: string[]): Promise<void> {
+    const r = await this.run(this.bin.cmd, [...this.wait, ...args]);
+    if (r.exitCode !== 0) throw new IptablesError(`${this.bin.cmd} ${args.join(' ')}: ${r.stderr.trim()}`, r.stderr, r.exitCode);
+  }
+}
+
+/** Adds the offending payload line to iptables-restore's "Error occurred at line: N". */
+export function describeRestoreFailure(stderr: string, payload: string): string {
+  const msg = stderr.trim().split('\n').filter((l) => !l.startsWith('Try `')).join('; ');
+  const m = /line:? (\d+)/i.exec(stderr);
+  if (!m) return msg || 'no error output';
+  const line = payload.split('\n')[Number(m[1]) - 1];
+  return line === undefined ? msg : `${msg} (line ${m[1]}: ${line})`;
+}

@@ -1,0 +1,81 @@
+// `pier agent`: flags and environment to an Agent, signals to a clean stop.
+import { KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
+import { DEFAULT_NAMESPACE } from '../lib/contract.ts';
+import { loadKubeConfig } from '../lib/kube.ts';
+import { createLogger } from '../lib/log.ts';
+import { Agent, type AgentConfig } from './agent.ts';
+
+export const BACKEND_OPTION = {
+  name: 'iptables-backend',
+  type: 'enum',
+  values: ['auto', 'nft', 'legacy'],
+  default: 'auto',
+  help: 'iptables flavour; auto detects the one the host uses (kubelet hint chains, then rule counts)',
+} as const;
+
+export const AGENT_SPEC: CommandSpec = {
+  name: 'agent',
+  summary: "pier agent: program this node's iptables for the LoadBalancer Services assigned to it",
+  usage: 'pier agent --node-name NAME [options]',
+  options: [
+    KUBECONFIG_OPTION,
+    { name: 'node-name', type: 'string', env: 'NODE_NAME', help: 'this node (required; the DaemonSet sets it from spec.nodeName)' },
+    { name: 'namespace', type: 'string', default: DEFAULT_NAMESPACE, help: "namespace of the agent's Lease" },
+    { name: 'default-class', type: 'boolean', default: false, help: 'also serve LoadBalancer Services without a loadBalancerClass (pier is the cluster default)' },
+    { name: 'dry-run', type: 'boolean', default: false, help: 'print the iptables-restore input of each sync instead of applying it; never touches the kernel' },
+    { name: 'set-sysctls', type: 'boolean', default: false, help: 'turn on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding when off (needs a writable /proc/sys)' },
+    BACKEND_OPTION,
+    { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, help: 'packet-mark bit that asks for masquerading (13 is 0x2000; kube-proxy uses 14 and 15)' },
+    { name: 'max-ports-per-service', type: 'int', default: 256, min: 1, max: 65535, help: 'Services with more ports are skipped with a Warning Event' },
+    { name: 'min-sync-interval', type: 'duration', default: 1000, min: 0, help: 'shortest time between two syncs; changes in between are coalesced' },
+    { name: 'resync-period', type: 'duration', default: 30_000, min: 1000, help: 'full check (canary, jumps, sysctls) at least this often' },
+    { name: 'health-address', type: 'string', default: '0.0.0.0', help: 'address for /healthz, /readyz and /metrics' },
+    { name: 'health-port', type: 'int', default: 10265, min: 0, max: 65535, help: 'port for /healthz, /readyz and /metrics (0 picks a free one)' },
+    { name: 'lease-duration', type: 'duration', default: 20_000, min: 1000, help: 'how long the Lease stays valid without renewal' },
+    { name: 'lease-renew-interval', type: 'duration', default: 5000, min: 100, help: 'how often the Lease is renewed' },
+    LOG_LEVEL_OPTION,
+  ],
+};
+
+export async function runAgent(argv: string[]): Promise<number> {
+  const parsed = parseCommand(AGENT_SPEC, argv);
+  if (typeof parsed === 'number') return parsed;
+  const v = parsed.values;
+  const log = createLogger({ level: v['log-level'] as string, name: 'pier-agent' });
+  const nodeName = v['node-name'] as string | undefined;
+  if (!nodeName) {
+    process.stderr.write('pier agent: --node-name (or NODE_NAME) is required\n');
+    return 2;
+  }
+  if ((v['lease-renew-interval'] as number) >= (v['lease-duration'] as number)) {
+    process.stderr.write('pier agent: --lease-renew-interval must be shorter than --lease-duration\n');
+    return 2;
+  }
+  const { kc, source } = loadKubeConfig({ kubeconfig: v['kubeconfig'] as string | undefined });
+  log.info({ kubeconfig: source, server: kc.getCurrentCluster()?.server }, 'using Kubernetes credentials');
+
+  const cfg: AgentConfig = {
+    nodeName,
+    namespace: v['namespace'] as string,
+    defaultClass: v['default-class'] as boolean,
+    dryRun: v['dry-run'] as boolean,
+    setSysctls: v['set-sysctls'] as boolean,
+    backend: v['iptables-backend'] as AgentConfig['backend'],
+    markBit: v['masquerade-bit'] as number,
+    maxPortsPerService: v['max-ports-per-service'] as number,
+    minSyncIntervalMs: v['min-sync-interval'] as number,
+    resyncPeriodMs: v['resync-period'] as number,
+    healthAddress: v['health-address'] as string,
+    healthPort: v['health-port'] as number,
+    leaseDurationSeconds: Math.ceil((v['lease-duration'] as number) / 1000),
+    leaseRenewMs: v['lease-renew-interval'] as number,
+  };
+  const agent = new Agent(cfg, { kc, log });
+  await agent.start();
+  const signal = await new Promise<NodeJS.Signals>((resolve) => {
+    for (const s of ['SIGTERM', 'SIGINT'] as const) process.once(s, () => resolve(s));
+  });
+  log.info({ signal }, 'stopping; iptables rules stay in place');
+  await agent.stop();
+  return 0;
+}

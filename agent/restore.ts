@@ -1,0 +1,156 @@
+// Rulesets to and from the text iptables speaks: iptables-restore payloads
+// (whole or as a delta against what was applied), single commands for people
+// to read, and iptables-save output parsed back for comparison.
+//
+// Payloads are for `iptables-restore --noflush`: declaring `:CHAIN - [0:0]`
+// creates the chain or flushes it, so a chain is rewritten in place inside
+// one atomic transaction and nothing outside pier's chains is touched.
+import type { Family } from '../lib/contract.ts';
+import { CHAIN_PREFIX, TABLES, type Ruleset, type TableName } from './render.ts';
+
+export type SavedTables = Map<string, Map<string, string[]>>;
+
+export interface RestoreOptions {
+  /** What was applied last; only the difference is written. */
+  previous?: Ruleset;
+  /** pier chains present in the kernel per table (e.g. from parseSave); those no longer wanted are deleted. */
+  existingChains?: Partial<Record<TableName, Iterable<string>>>;
+}
+
+/**
+ * The --noflush payload that turns `previous` (or, without it, whatever pier
+ * chains exist) into `next`. Jumps from built-in chains are not included: the
+ * applier checks those one by one. Empty when nothing changes.
+ */
+export function restoreText(next: Ruleset, opts: RestoreOptions = {}): string {
+  const out: string[] = [];
+  for (const table of TABLES) {
+    const want = next.tables[table].chains;
+    const write: string[] = [];
+    const remove: string[] = [];
+    if (opts.previous) {
+      const had = opts.previous.tables[table].chains;
+      for (const [chain, rules] of want) if (!sameRules(had.get(chain), rules)) write.push(chain);
+      for (const chain of had.keys()) if (!want.has(chain)) remove.push(chain);
+    } else {
+      write.push(...want.keys());
+    }
+    const removing = new Set(remove);
+    for (const chain of opts.existingChains?.[table] ?? []) {
+      if (chain.startsWith(CHAIN_PREFIX) && !want.has(chain) && !removing.has(chain)) {
+        removing.add(chain);
+        remove.push(chain);
+      }
+    }
+    if (write.length === 0 && remove.length === 0) continue;
+    remove.sort();
+    out.push(`*${table}`);
+    // Flushing a doomed chain first drops its references to other chains, so
+    // every -X below succeeds whatever order the chains referenced each other in.
+    for (const chain of [...write, ...remove]) out.push(`:${chain} - [0:0]`);
+    for (const chain of write) for (const rule of want.get(chain)!) out.push(`-A ${chain} ${rule}`);
+    for (const chain of remove) out.push(`-X ${chain}`);
+    out.push('COMMIT');
+  }
+  return out.length === 0 ? '' : `${out.join('\n')}\n`;
+}
+
+/** The whole ruleset, jumps included, for an empty namespace (dry runs, `pier plan`, tests). */
+export function planText(ruleset: Ruleset): string {
+  const out: string[] = [];
+  for (const table of TABLES) {
+    const { chains, jumps } = ruleset.tables[table];
+    out.push(`*${table}`);
+    for (const chain of chains.keys()) out.push(`:${chain} - [0:0]`);
+    for (const [chain, rules] of chains) for (const rule of rules) out.push(`-A ${chain} ${rule}`);
+    for (const j of jumps) out.push(`-A ${j.chain} ${j.rule}`);
+    out.push('COMMIT');
+  }
+  return `${out.join('\n')}\n`;
+}
+
+/** planText as single iptables/ip6tables commands, one per line, quoted for a POSIX shell. */
+export function commandsText(ruleset: Ruleset, family: Family = ruleset.family): string {
+  const bin = family === 'ipv6' ? 'ip6tables' : 'iptables';
+  const out: string[] = [];
+  for (const table of TABLES) {
+    const { chains, jumps } = ruleset.tables[table];
+    for (const chain of chains.keys()) out.push(`${bin} -t ${table} -N ${chain}`);
+    for (const [chain, rules] of chains) for (const rule of rules) out.push(command(bin, table, chain, rule));
+    for (const j of jumps) out.push(command(bin, table, j.chain, j.rule));
+  }
+  return out.length === 0 ? '' : `${out.join('\n')}\n`;
+}
+
+function command(bin: string, table: string, chain: string, rule: string): string {
+  return [bin, '-t', table, '-A', chain, ...splitRule(rule)].map(shellQuote).join(' ');
+}
+
+function shellQuote(word: string): string {
+  if (/^[A-Za-z0-9_./:=,@%+-]+$/.test(word)) return word;
+  return `'${word.replace(/'/g, `'\\''`)}'`;
+}
+
+/** Splits a rule spec into arguments the way iptables-restore does: whitespace-separated, double quotes group, backslash escapes. */
+export function splitRule(rule: string): string[] {
+  const words: string[] = [];
+  let cur = '';
+  let inWord = false;
+  let quoted = false;
+  for (let i = 0; i < rule.length; i++) {
+    const c = rule[i]!;
+    if (c === '\\' && i + 1 < rule.length) {
+      cur += rule[++i];
+      inWord = true;
+    } else if (c === '"') {
+      quoted = !quoted;
+      inWord = true;
+    } else if (!quoted && (c === ' ' || c === '\t')) {
+      if (inWord) words.push(cur);
+      cur = '';
+      inWord = false;
+    } else {
+      cur += c;
+      inWord = true;
+    }
+  }
+  if (inWord) words.push(cur);
+  return words;
+}
+
+/**
+ * iptables-save output as table -> chain -> rule specs (text after
+ * `-A <chain> `). Every declared chain is present, built-in ones included,
+ * in the order they were declared.
+ */
+export function parseSave(text: string): SavedTables {
+  const tables: SavedTables = new Map();
+  let current: Map<string, string[]> | undefined;
+  for (const raw of text.split('\n')) {
+    const line = raw.trimEnd();
+    if (line === '' || line.startsWith('#')) continue;
+    if (line.startsWith('*')) {
+      current = new Map();
+      tables.set(line.slice(1), current);
+    } else if (line === 'COMMIT') {
+      current = undefined;
+    } else if (current && line.startsWith(':')) {
+      current.set(line.slice(1).split(' ')[0]!, []);
+    } else if (current && line.startsWith('-A ')) {
+      const rest = line.slice(3);
+      const space = rest.indexOf(' ');
+      const chain = space < 0 ? rest : rest.slice(0, space);
+      const rule = space < 0 ? '' : rest.slice(space + 1);
+      let rules = current.get(chain);
+      if (!rules) current.set(chain, (rules = []));
+      rules.push(rule);
+    }
+  }
+  return tables;
+}
+
+function sameRules(a: string[] | undefined, b: string[]): boolean {
+  if (!a || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}

@@ -1,0 +1,44 @@
+// The contract between pier's controller and agents (design section 1): the
+// names both sides read and write. Changing one is a protocol change.
+
+/** spec.loadBalancerClass that marks a Service as pier's. */
+export const LOAD_BALANCER_CLASS = 'pier.dev/lb';
+
+/** Namespace of pier's own objects (agent Leases, the leader Lease). */
+export const DEFAULT_NAMESPACE = 'pier-system';
+
+export const ANNOTATION_PREFIX = 'pier.dev/';
+
+/** Service annotation and node label: the address pool. */
+export const POOL = 'pier.dev/pool';
+export const DEFAULT_POOL = 'default';
+
+/** Service annotation: `service` (external port = spec port) or `allocate` (from a range). */
+export const PORT_MODE = 'pier.dev/port-mode';
+
+/** Service condition type the controller maintains. */
+export const READY_CONDITION = 'pier.dev/Ready';
+
+/** Node label that keeps a node out of every load balancer (upstream Kubernetes). */
+export const EXCLUDE_FROM_LB_LABEL = 'node.kubernetes.io/exclude-from-external-load-balancers';
+
+/** Legacy Service annotation for source ranges, used when spec.loadBalancerSourceRanges is empty. */
+export const SOURCE_RANGES_ANNOTATION = 'service.beta.kubernetes.io/load-balancer-source-ranges';
+
+/** Agent Lease: one per node, renewed by that node's agent. */
+export const agentLeaseName = (node: string) => `pier-agent-${node}`;
+export const AGENT_LEASE_LABEL = 'pier.dev/component';
+export const AGENT_LEASE_LABEL_VALUE = 'agent';
+
+/** Agent Lease annotations. Booleans are the strings "true" / "false". */
+export const LEASE_NODE = 'pier.dev/node';
+export const LEASE_FORWARDING_IPV4 = 'pier.dev/forwarding-ipv4';
+export const LEASE_FORWARDING_IPV6 = 'pier.dev/forwarding-ipv6';
+/** Why a family cannot forward, for people reading the Lease. */
+export const LEASE_FORWARDING_IPV4_REASON = 'pier.dev/forwarding-ipv4-reason';
+export const LEASE_FORWARDING_IPV6_REASON = 'pier.dev/forwarding-ipv6-reason';
+export const LEASE_IPTABLES_BACKEND = 'pier.dev/iptables-backend';
+export const LEASE_VERSION = 'pier.dev/version';
+
+export type Family = 'ipv4' | 'ipv6';
+export const FAMILIES: readonly Family[] = ['ipv4', 'ipv6'];

@@ -1,0 +1,365 @@
+// The agent end to end: a real API server, a two-node lab, one `pier agent`
+// process inside each node namespace, and real TCP and UDP from clients.
+// There is no controller yet, so the tests write Service status themselves,
+// exactly as design section 1 specifies.
+import { chmodSync, copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  CoordinationV1Api,
+  CoreV1Api,
+  DiscoveryV1Api,
+  EventsV1Api,
+  PatchStrategy,
+  setHeaderOptions,
+  type V1Service,
+} from '@kubernetes/client-node';
+import type { ResultPromise } from 'execa';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { stringify } from 'yaml';
+import { agentLeaseName, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV4_REASON, LEASE_IPTABLES_BACKEND } from '../../lib/contract.ts';
+import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
+import { ECHO_PORT, HOST_V4, Lab, type Endpoint, type LabNode, type ProbeResult } from '../lab/lab.ts';
+import { endpointSlice, lbService, node as nodeObject } from '../support/objects.ts';
+import { isAlive } from '../support/cleanup.ts';
+import { eventually } from '../support/wait.ts';
+
+const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const NS = 'shop';
+const RESYNC = '2s';
+const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
+
+describe('pier agent in the lab', () => {
+  let lab: Lab;
+  let cp: ControlPlane;
+  let core: CoreV1Api;
+  let discovery: DiscoveryV1Api;
+  let kubeconfig: string;
+  const agents = new Map<string, ResultPromise>();
+  const agentLogs = new Map<string, string>();
+
+  const startAgent = (n: LabNode) => {
+    const proc = lab.spawn(n.ns, process.execPath, [
+      CLI, 'agent',
+      '--node-name', n.name,
+      '--kubeconfig', kubeconfig,
+      '--min-sync-interval', '100ms',
+      '--resync-period', RESYNC,
+      '--lease-renew-interval', '500ms',
+      '--lease-duration', '5s',
+      '--log-level', 'info',
+    ]);
+    agentLogs.set(n.name, '');
+    proc.stderr?.on('data', (d: Buffer) => agentLogs.set(n.name, (agentLogs.get(n.name) ?? '') + d.toString()));
+    agents.set(n.name, proc);
+    return proc;
+  };
+  const ready = (n: LabNode) =>
+    eventually(`agent on ${n.name} ready`, async () => (await fetch(`http://${n.v4}:10265/readyz`).catch(() => undefined))?.ok, { timeoutMs: 30_000 });
+
+  const client = (i: number): Endpoint => lab.clients[i]!;
+  const nodeIps = (family: 'v4' | 'v6') => lab.nodes.map((n) => n[family]);
+  const save = async (n: LabNode, family: 'v4' | 'v6' = 'v4') =>
+    (await lab.exec(n.ns, family === 'v4' ? 'iptables-save' : 'ip6tables-save', [])).stdout;
+
+  /** Creates a Service with its slices and writes the status a controller would. */
+  async function createService(
+    name: string,
+    ports: { name: string; port: number; protocol?: 'TCP' | 'UDP' }[],
+    pods: { name: string; v4: string; v6: string; node: string }[],
+    extra: Partial<NonNullable<V1Service['spec']>> = {},
+    statusFor: LabNode[] = lab.nodes,
+  ) {
+    await core.createNamespacedService({
+      namespace: NS,
+      body: lbService(NS, name, ports.map((p) => ({ ...p, targetPort: ECHO_PORT })), { ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6'], ...extra }),
+    });
+    for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {
+      await discovery.createNamespacedEndpointSlice({
+        namespace: NS,
+        body: endpointSlice(NS, name, type, pods.map((p) => ({ address: p[family], nodeName: p.node })), ports.map((p) => ({ name: p.name, port: ECHO_PORT, protocol: p.protocol }))),
+      });
+    }
+    const ingress = statusFor.flatMap((n) =>
+      [n.v4, n.v6].map((ip) => ({ ip, ipMode: 'Proxy', ports: ports.map((p) => ({ port: p.port, protocol: p.protocol ?? 'TCP' })) })),
+    );
+    await core.patchNamespacedServiceStatus({ name, namespace: NS, body: { status: { loadBalancer: { ingress } } } }, mergePatch);
+  }
+
+  const answered = (results: ProbeResult[]) => results.filter((r) => r.ok).map((r) => r.reply!.pod);
+  const probeUntilOk = (from: Endpoint, host: string, port: number, proto: 'tcp' | 'udp' = 'tcp') =>
+    eventually(`${proto} ${host}:${port} answered`, async () => {
+      const [r] = await lab.probe(from, host, port, { proto, timeoutMs: 500 });
+      return r?.ok ? r : false;
+    }, { timeoutMs: 20_000 });
+
+  beforeAll(async () => {
+    lab = await Lab.create({ nodes: [2, 2], clients: 2, hostLink: true });
+    cp = await startControlPlane({ address: HOST_V4 });
+    core = cp.admin.makeApiClient(CoreV1Api);
+    discovery = cp.admin.makeApiClient(DiscoveryV1Api);
+    await ensureNamespace(core, NS);
+    await ensureNamespace(core, 'pier-system');
+    kubeconfig = cp.adminKubeconfigPath;
+    for (const n of lab.nodes) {
+      await core.createNode({ body: nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]) });
+      await core.patchNodeStatus({ name: n.name, body: { status: nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]).status } }, mergePatch);
+    }
+    // n1 is a strict host: FORWARD policy DROP with only the CNI's own
+    // accepts (pod to pod, other nodes to its pods), plus rules of its own
+    // that pier must leave alone. pier's DNATed traffic must still flow.
+    const [n1, n2] = lab.nodes as [LabNode, LabNode];
+    const host: [string, string[]][] = [
+      ['iptables', ['-P', 'FORWARD', 'DROP']],
+      ['iptables', ['-A', 'FORWARD', '-s', '198.19.0.0/16', '-d', '198.19.0.0/16', '-j', 'ACCEPT']],
+      ['iptables', ['-A', 'FORWARD', '-s', `${n2.v4}/32`, '-d', n1.podCidrV4, '-j', 'ACCEPT']],
+      ['iptables', ['-A', 'FORWARD', '-s', n1.podCidrV4, '-d', `${n2.v4}/32`, '-j', 'ACCEPT']],
+      ['iptables', ['-N', 'HOST-OWN']],
+      ['iptables', ['-A', 'HOST-OWN', '-s', '203.0.113.0/24', '-j', 'DROP']],
+      ['iptables', ['-A', 'INPUT', '-j', 'HOST-OWN']],
+      ['iptables', ['-t', 'nat', '-A', 'POSTROUTING', '-s', n1.podCidrV4, '!', '-d', '198.19.0.0/16', '-j', 'MASQUERADE']],
+      ['ip6tables', ['-P', 'FORWARD', 'DROP']],
+      ['ip6tables', ['-A', 'FORWARD', '-s', '2001:db8:1::/48', '-d', '2001:db8:1::/48', '-j', 'ACCEPT']],
+      ['ip6tables', ['-A', 'FORWARD', '-s', `${n2.v6}/128`, '-d', n1.podCidrV6, '-j', 'ACCEPT']],
+      ['ip6tables', ['-A', 'FORWARD', '-s', n1.podCidrV6, '-d', `${n2.v6}/128`, '-j', 'ACCEPT']],
+    ];
+    for (const [tool, args] of host) await lab.exec(n1.ns, tool, args);
+    hostRulesBefore = await ruleLines(n1);
+    for (const n of lab.nodes) startAgent(n);
+    await Promise.all(lab.nodes.map(ready));
+  });
+  let hostRulesBefore: string[] = [];
+  /** Every chain declaration and rule of both families and tables, without counters. */
+  const ruleLines = async (n: LabNode) => {
+    const lines: string[] = [];
+    for (const tool of ['iptables-save', 'ip6tables-save']) {
+      for (const table of ['nat', 'filter']) {
+        const out = (await lab.exec(n.ns, tool, ['-t', table])).stdout;
+        for (const l of out.split('\n')) {
+          // A table nobody used yet is not printed at all; an ACCEPT policy is the same as no table.
+          if (/^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT/.test(l)) continue;
+          if (l.startsWith('-') || l.startsWith(':')) lines.push(`${tool} ${table} ${l.replace(/ ?\[\d+:\d+\]/, '')}`);
+        }
+      }
+    }
+    return lines;
+  };
+
+  afterAll(async () => {
+    for (const [name, log] of agentLogs) if (/"level":"(error|fatal)"/.test(log)) console.log(`--- agent ${name} errors ---\n${log.split('\n').filter((l) => /"level":"(error|fatal)"/.test(l)).slice(-10).join('\n')}`);
+    await lab?.destroy();
+    await cp?.stop();
+  });
+
+  it('serves IPv4 and IPv6, TCP and UDP, on every node address, spread over the pods (Cluster policy)', async () => {
+    await createService('web', [{ name: 'http', port: 80 }, { name: 'dns', port: 53, protocol: 'UDP' }], lab.pods);
+    for (const family of ['v4', 'v6'] as const) {
+      for (const [proto, port] of [['tcp', 80], ['udp', 53]] as const) {
+        for (const ip of nodeIps(family)) {
+          await probeUntilOk(client(0), ip, port, proto);
+          const results = await lab.probe(client(0), ip, port, { proto, count: 40, timeoutMs: 1000 });
+          const pods = answered(results);
+          expect(pods, `${proto} ${ip}:${port}`).toHaveLength(40);
+          const distinct = new Set(pods);
+          expect(distinct.size, `${proto} ${ip}:${port} spread`).toBeGreaterThanOrEqual(2);
+          // Cluster: pods behind the other node answer too.
+          const nodeOfIp = lab.nodes.find((n) => n[family] === ip)!;
+          expect([...distinct].some((p) => !p.startsWith(`${nodeOfIp.name}-`)), `remote pods answer via ${ip}`).toBe(true);
+          // Masqueraded: pods see a node address, not the client.
+          expect(results.every((r) => r.reply!.peer !== client(0)[family])).toBe(true);
+        }
+      }
+    }
+  });
+
+  it('Local policy: only local pods answer, and they see the client address', async () => {
+    await createService('local', [{ name: 'http', port: 81 }], lab.pods, { externalTrafficPolicy: 'Local' });
+    for (const family of ['v4', 'v6'] as const) {
+      for (const n of lab.nodes) {
+        await probeUntilOk(client(0), n[family], 81);
+        const results = await lab.probe(client(0), n[family], 81, { count: 30, timeoutMs: 1000 });
+        expect(results.every((r) => r.ok)).toBe(true);
+        expect(new Set(answered(results))).toEqual(new Set(n.pods.map((p) => p.name)));
+        expect(new Set(results.map((r) => r.reply!.peer))).toEqual(new Set([client(0)[family]]));
+      }
+    }
+  });
+
+  it('hairpin: a pod reaches itself through its node address', async () => {
+    const pod = lab.nodes[0]!.pods[0]!;
+    await createService('hairpin', [{ name: 'http', port: 82 }], [pod], { externalTrafficPolicy: 'Local' });
+    const r = await probeUntilOk(pod, lab.nodes[0]!.v4, 82);
+    expect(r.reply!.pod).toBe(pod.name);
+  });
+
+  it('source ranges: a client inside the range is served, one outside is not', async () => {
+    await createService('ranged', [{ name: 'http', port: 83 }], lab.pods, {
+      loadBalancerSourceRanges: [`${client(0).v4}/32`, `${client(0).v6}/128`],
+    });
+    for (const family of ['v4', 'v6'] as const) {
+      const ip = lab.nodes[0]![family];
+      await probeUntilOk(client(0), ip, 83);
+      const [outside] = await lab.probe(client(1), ip, 83, { timeoutMs: 1500 });
+      expect(outside!.ok, `${family} outside the range`).toBe(false);
+    }
+  });
+
+  it('no endpoints: the connection is refused in under a second', async () => {
+    await createService('empty', [{ name: 'http', port: 84 }], []);
+    const ip = lab.nodes[0]!.v4;
+    await eventually('REJECT rule for the empty service', async () => (await save(lab.nodes[0]!)).includes('shop/empty:http'));
+    const [r] = await lab.probe(client(0), ip, 84, { timeoutMs: 3000 });
+    expect(r).toMatchObject({ ok: false, error: 'ECONNREFUSED' });
+    expect(r!.ms).toBeLessThan(1000);
+  });
+
+  it('a deleted Service loses its rules at the next sync; the others keep theirs', async () => {
+    await createService('doomed', [{ name: 'http', port: 85 }], lab.pods);
+    await probeUntilOk(client(0), lab.nodes[0]!.v4, 85);
+    await core.deleteNamespacedService({ name: 'doomed', namespace: NS });
+    for (const n of lab.nodes) {
+      await eventually(`doomed gone from ${n.name}`, async () => !(await save(n)).includes('shop/doomed'), { timeoutMs: 5000 });
+      await eventually(`doomed gone from ${n.name} (v6)`, async () => !(await save(n, 'v6')).includes('shop/doomed'), { timeoutMs: 5000 });
+    }
+    const [r] = await lab.probe(client(0), lab.nodes[0]!.v4, 80);
+    expect(r!.ok).toBe(true);
+  });
+
+  it('survives SIGKILL and restart with zero failed connections, and re-applying changes nothing', async () => {
+    const n = lab.nodes[0]!;
+    const normalise = (text: string) => text.split('\n').filter((l) => !l.startsWith('#')).map((l) => l.replace(/\[\d+:\d+\]/, '[0:0]')).join('\n');
+    const before = normalise(await save(n));
+    const loop = lab.probe(client(0), n.v4, 80, { count: 150, intervalMs: 20, timeoutMs: 1000 });
+    await new Promise((r) => setTimeout(r, 500));
+    agents.get(n.name)!.kill('SIGKILL');
+    await agents.get(n.name)!.catch(() => undefined);
+    startAgent(n);
+    await ready(n);
+    const results = await loop;
+    expect(results.filter((r) => !r.ok)).toEqual([]);
+    expect(normalise(await save(n))).toBe(before);
+  });
+
+  it('heals an outside flush of the nat table within the resync period', async () => {
+    const n = lab.nodes[1]!;
+    await lab.exec(n.ns, 'iptables', ['-t', 'nat', '-F']);
+    const [broken] = await lab.probe(client(0), n.v4, 80, { timeoutMs: 500 });
+    expect(broken!.ok).toBe(false);
+    const start = Date.now();
+    await probeUntilOk(client(0), n.v4, 80);
+    expect(Date.now() - start).toBeLessThan(2000 + 3000);
+  });
+
+  it('pier plan, from manifests of the same objects, yields exactly the agent\'s ruleset on an empty host', async () => {
+    const n = lab.nodes[1]!;
+    const dir = mkdtempSync(join(tmpdir(), 'pier-plan-'));
+    try {
+      const svcs = (await core.listNamespacedService({ namespace: NS })).items;
+      const slices = (await discovery.listNamespacedEndpointSlice({ namespace: NS })).items;
+      const nodeObj = await core.readNode({ name: n.name });
+      // As `kubectl get -o yaml` would write them: a List, single objects, and JSON.
+      writeFileSync(join(dir, 'services.yaml'), stringify({ apiVersion: 'v1', kind: 'List', items: svcs.map((x) => ({ apiVersion: 'v1', kind: 'Service', ...x })) }));
+      writeFileSync(join(dir, 'slices.yaml'), slices.map((x) => stringify({ apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', ...x })).join('---\n'));
+      writeFileSync(join(dir, 'node.json'), JSON.stringify({ apiVersion: 'v1', kind: 'Node', ...nodeObj }));
+      writeFileSync(join(dir, 'README.txt'), 'not a manifest: skipped like kubectl apply -f does');
+      const agentRules = (await ruleLines(n)).filter((l) => l.includes('PIER-'));
+      for (const format of ['restore', 'commands'] as const) {
+        const scratch = await Lab.create({ nodes: [], clients: 1 });
+        try {
+          const c = scratch.clients[0]!;
+          for (const family of ['ipv4', 'ipv6'] as const) {
+            const plan = await lab.exec(c.ns, process.execPath, [CLI, 'plan', '--node', n.name, '--family', family, '--format', format, '-f', dir]);
+            if (format === 'restore') {
+              await scratch.exec(c.ns, family === 'ipv4' ? 'iptables-restore' : 'ip6tables-restore', ['--noflush'], { input: plan.stdout });
+            } else {
+              await scratch.exec(c.ns, 'sh', ['-e'], { input: plan.stdout });
+            }
+          }
+          const planned = (await (async () => {
+            const lines: string[] = [];
+            for (const tool of ['iptables-save', 'ip6tables-save']) for (const table of ['nat', 'filter']) {
+              const out = (await scratch.exec(c.ns, tool, ['-t', table])).stdout;
+              for (const l of out.split('\n')) if ((l.startsWith('-') || l.startsWith(':')) && l.includes('PIER-')) lines.push(`${tool} ${table} ${l.replace(/ ?\[\d+:\d+\]/, '')}`);
+            }
+            return lines;
+          })());
+          expect(planned.length).toBeGreaterThan(20);
+          expect(planned, `plan --format ${format}`).toEqual(agentRules);
+        } finally {
+          await scratch.destroy();
+        }
+      }
+      writeFileSync(join(dir, 'broken.yaml'), 'apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: x}\nspec:\n  ports:\n  - port: eighty\n');
+      const bad = await lab.exec(lab.clients[1]!.ns, process.execPath, [CLI, 'plan', '--node', n.name, '-f', dir], { reject: false });
+      expect(bad.exitCode).not.toBe(0);
+      expect(bad.stderr).toContain('broken.yaml');
+      expect(bad.stderr).toContain('spec.ports[0].port');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('--dry-run prints the rules without NET_ADMIN and leaves the kernel alone', async () => {
+    const c = lab.clients[1]!;
+    const dir = mkdtempSync(join(tmpdir(), 'pier-dryrun-'));
+    chmodSync(dir, 0o755);
+    const readable = join(dir, 'kubeconfig');
+    copyFileSync(kubeconfig, readable);
+    chmodSync(readable, 0o644);
+    const saveBefore = (await lab.exec(c.ns, 'iptables-save', [])).stdout.replace(/^#.*$/gm, '');
+    // nobody, with every capability dropped: iptables would fail outright here.
+    const proc = lab.spawn(c.ns, 'setpriv', [
+      '--reuid=65534', '--regid=65534', '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--',
+      process.execPath, CLI, 'agent', '--dry-run', '--node-name', lab.nodes[1]!.name, '--kubeconfig', readable,
+      '--health-port', '0', '--min-sync-interval', '100ms',
+    ]);
+    let out = '';
+    proc.stdout?.on('data', (d: Buffer) => (out += d.toString()));
+    await eventually('dry-run output for both families', () => out.includes('ip6tables-restore') && out.includes('COMMIT') && out.includes('-j DNAT'), { timeoutMs: 20_000 });
+    proc.kill('SIGTERM');
+    await proc;
+    expect(out).toContain(`--dport 80 `);
+    expect(out).toMatch(/# pier agent --dry-run: node n2, ipv4, sync 1: complete ruleset/);
+    const saveAfter = (await lab.exec(c.ns, 'iptables-save', [])).stdout.replace(/^#.*$/gm, '');
+    expect(saveAfter).toBe(saveBefore);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('reports forwarding switched off in its Lease and a Node Event, and keeps running', async () => {
+    const n = lab.nodes[1]!;
+    const coordination = cp.admin.makeApiClient(CoordinationV1Api);
+    const events = cp.admin.makeApiClient(EventsV1Api);
+    const lease = () => coordination.readNamespacedLease({ name: agentLeaseName(n.name), namespace: 'pier-system' });
+    expect((await lease()).metadata?.annotations?.[LEASE_FORWARDING_IPV4]).toBe('true');
+    expect((await lease()).metadata?.annotations?.[LEASE_IPTABLES_BACKEND]).toMatch(/^(nft|legacy)$/);
+    await lab.exec(n.ns, 'sysctl', ['-q', '-w', 'net.ipv4.ip_forward=0']);
+    try {
+      const l = await eventually('lease to report ipv4 forwarding off', async () => {
+        const l = await lease();
+        return l.metadata?.annotations?.[LEASE_FORWARDING_IPV4] === 'false' ? l : false;
+      }, { timeoutMs: 10_000 });
+      expect(l.metadata?.annotations?.[LEASE_FORWARDING_IPV4_REASON]).toContain('net.ipv4.ip_forward is 0');
+      const ev = await eventually('ForwardingDisabled event on the Node', async () => {
+        const list = await events.listNamespacedEvent({ namespace: 'default' });
+        return list.items.find((e) => e.reason === 'ForwardingDisabled' && e.regarding?.name === n.name);
+      });
+      expect(ev.type).toBe('Warning');
+      expect(ev.note).toContain('ipv4');
+      expect(isAlive(agents.get(n.name)!.pid!)).toBe(true);
+    } finally {
+      await lab.exec(n.ns, 'sysctl', ['-q', '-w', 'net.ipv4.ip_forward=1']);
+    }
+    await eventually('lease to report ipv4 forwarding back on', async () => (await lease()).metadata?.annotations?.[LEASE_FORWARDING_IPV4] === 'true', { timeoutMs: 10_000 });
+  });
+
+  it('pier cleanup leaves the ruleset exactly as it was before pier ran', async () => {
+    const n = lab.nodes[0]!;
+    agents.get(n.name)!.kill('SIGTERM');
+    await agents.get(n.name);
+    expect((await ruleLines(n)).some((l) => l.includes('PIER-'))).toBe(true); // SIGTERM left the rules
+    const r = await lab.exec(n.ns, process.execPath, [CLI, 'cleanup']);
+    expect(r.stdout).toMatch(/removed [1-9]\d* chains/);
+    expect(await ruleLines(n)).toEqual(hostRulesBefore);
+  });
+});

@@ -1,0 +1,98 @@
+// The pure parts of the agent's adapters: backend choice, restore error
+// messages, jump targets, manifest reading and the forwarding check (on a
+// /proc/sys stand-in).
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { jumpTarget } from '../../agent/applier.ts';
+import { chooseBackend } from '../../agent/backend.ts';
+import { describeRestoreFailure } from '../../agent/iptables.ts';
+import { ManifestError, readManifests } from '../../agent/manifests.ts';
+import { checkForwarding } from '../../agent/sysctl.ts';
+
+const dir = mkdtempSync(join(tmpdir(), 'pier-adapters-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const file = (name: string, text: string) => {
+  const p = join(dir, name);
+  mkdirSync(join(p, '..'), { recursive: true });
+  writeFileSync(p, text);
+  return p;
+};
+
+describe('chooseBackend', () => {
+  const rules = (n: number) => Array.from({ length: n }, (_, i) => `-A INPUT -s 203.0.113.${i}/32 -j DROP`).join('\n');
+  it('trusts kubelet hint chains first, nft before legacy', () => {
+    expect(chooseBackend({ nftMangle: ':KUBE-IPTABLES-HINT - [0:0]', legacyAll: ':KUBE-KUBELET-CANARY - [0:0]', nftAll: '' }).backend).toBe('nft');
+    expect(chooseBackend({ nftMangle: '', legacyAll: `*mangle\n:KUBE-KUBELET-CANARY - [0:0]\n${rules(1)}`, nftAll: rules(50) }).backend).toBe('legacy');
+  });
+  it('otherwise picks the backend holding more rules, nft on a tie', () => {
+    expect(chooseBackend({ nftMangle: '', legacyAll: rules(12), nftAll: rules(3) })).toMatchObject({ backend: 'legacy', reason: expect.stringContaining('12 against 3') });
+    expect(chooseBackend({ nftMangle: '', legacyAll: rules(2), nftAll: rules(2) }).backend).toBe('nft');
+    expect(chooseBackend({ nftMangle: '', legacyAll: '', nftAll: '' }).reason).toContain('default');
+  });
+});
+
+describe('describeRestoreFailure', () => {
+  it('quotes the payload line iptables-restore names', () => {
+    const payload = '*nat\n:PIER-X - [0:0]\n-A PIER-X -j NOPE\nCOMMIT\n';
+    const stderr = "iptables-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist\nError occurred at line: 3\nTry `iptables-restore -h' for more information.\n";
+    expect(describeRestoreFailure(stderr, payload)).toBe("iptables-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist; Error occurred at line: 3 (line 3: -A PIER-X -j NOPE)");
+  });
+});
+
+describe('jumpTarget', () => {
+  it.each([
+    ['-m comment --comment "pier/services" -j PIER-SERVICES', 'PIER-SERVICES'],
+    ['-s 198.19.0.0/16 -g PIER-X', 'PIER-X'],
+    ['-j ACCEPT', 'ACCEPT'],
+    ['-m comment --comment "x -j y"', undefined],
+  ])('%s -> %s', (rule, target) => expect(jumpTarget(rule)).toBe(target));
+});
+
+describe('readManifests', () => {
+  it('reads multi-document YAML, Lists and JSON from a directory, skipping other kinds and files', () => {
+    file('m/a.yaml', 'apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n---\n');
+    file('m/b.json', JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [{ apiVersion: 'v1', kind: 'Service', metadata: { name: 's' }, spec: { ports: [{ port: 80 }] } }] }));
+    file('m/c.yml', 'apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: e}\naddressType: IPv4\nendpoints: [{addresses: [198.19.1.10]}]\n');
+    file('m/notes.txt', 'kind: Service');
+    const m = readManifests([join(dir, 'm')]);
+    expect([m.nodes.length, m.services.length, m.slices.length]).toEqual([1, 1, 1]);
+  });
+  it.each([
+    ['bad1.yaml', 'kind: Service\nmetadata: {name: s}\nspec: {ports: [{port: "80"}]}\n', /bad1\.yaml: Service s: spec\.ports\[0\]\.port must be an integer, got "80"/],
+    ['bad2.yaml', 'kind: EndpointSlice\nmetadata: {name: e}\n', /bad2\.yaml: EndpointSlice e: addressType is missing/],
+    ['bad3.yaml', 'kind: Node\nmetadata: {}\n', /bad3\.yaml: metadata\.name is missing \(Node\)/],
+    ['bad4.yaml', 'a: [1, 2\n', /bad4\.yaml: not valid YAML or JSON/],
+    ['bad5.yaml', '---\nkind: Node\nmetadata: {name: ok}\n---\n- just\n- a list\n', /bad5\.yaml \(document 2\): \(document\) must be an object, got a list/],
+    ['bad6.json', '{"kind": "List", "items": [{"kind": "Service", "metadata": {"name": "s"}, "spec": {"ports": {}}}]}', /bad6\.json: Service s: items\[0\]\.spec\.ports must be a list/],
+  ])('%s names the file and the field', (name, text, message) => {
+    const p = file(name, text);
+    expect(() => readManifests([p])).toThrow(ManifestError);
+    expect(() => readManifests([p])).toThrow(message);
+  });
+  it('says when a path does not exist', () => {
+    expect(() => readManifests([join(dir, 'nope.yaml')])).toThrow(/nope\.yaml: no such file or directory/);
+  });
+});
+
+describe('checkForwarding', () => {
+  const root = join(dir, 'proc-sys');
+  const sysctl = (key: string, value: string) => file(join('proc-sys', ...key.split('.')), `${value}\n`);
+  it('reports on, off with the fix, and missing', async () => {
+    sysctl('net.ipv4.ip_forward', '1');
+    sysctl('net.ipv6.conf.all.forwarding', '0');
+    expect(await checkForwarding('ipv4', { root })).toEqual({ family: 'ipv4', enabled: true });
+    const off = await checkForwarding('ipv6', { root });
+    expect(off.enabled).toBe(false);
+    expect(off.reason).toContain('net.ipv6.conf.all.forwarding is 0');
+    expect(off.reason).toContain('--set-sysctls');
+    rmSync(join(root, 'net', 'ipv4', 'ip_forward'));
+    expect((await checkForwarding('ipv4', { root })).reason).toContain('does not exist');
+  });
+  it('sets the switch only when asked', async () => {
+    sysctl('net.ipv6.conf.all.forwarding', '0');
+    expect((await checkForwarding('ipv6', { root, set: true })).enabled).toBe(true);
+    expect((await checkForwarding('ipv6', { root })).enabled).toBe(true);
+  });
+});

@@ -1,0 +1,379 @@
+// Shared by the agent's unit and e2e tests: generated Kubernetes worlds (valid
+// ones, and ones with a single corruption aimed at one Service), and a small
+// interpreter for the subset of iptables that pier renders, so properties can
+// ask "where does this packet go?" instead of matching rule text.
+import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
+import fc from 'fast-check';
+import { parseCidr, type ModelConfig, type ModelInput } from '../../agent/model.ts';
+import { splitRule } from '../../agent/restore.ts';
+
+export const NODE = 'n1';
+export const CLASS = 'pier.dev/lb';
+export const NODE_V4 = ['192.0.2.11', '192.0.2.12'];
+export const NODE_V6 = ['2001:db8::11', '2001:db8:0:0:0:0:0:12'];
+/** Addresses of another node: a Service advertised there is none of this agent's business. */
+export const OTHER_NODE = ['192.0.2.21', '2001:db8::21'];
+export const CONFIG: ModelConfig = { loadBalancerClass: CLASS, defaultClass: false, maxPortsPerService: 6 };
+export const MARK = 0x2000;
+/** A client outside every source range the generators produce (short of a /0). */
+export const CLIENT = { ipv4: '192.0.2.250', ipv6: '2001:db8:ffff::50' } as const;
+
+export interface PortSpec {
+  name: string;
+  protocol: string;
+  port: number;
+  targetPort: number;
+}
+
+export interface EndpointSpec {
+  v6: boolean;
+  host: number;
+  node: string;
+  ready: boolean | undefined;
+  serving: boolean | undefined;
+  terminating: boolean | undefined;
+}
+
+export interface ServiceSpec {
+  name: string;
+  namespace: string;
+  cls: string | undefined;
+  local: boolean;
+  ports: PortSpec[];
+  ingress: string[];
+  /** Per ingress entry, per port: an error means the controller could not serve it. */
+  errors: boolean[][];
+  external: number[];
+  ranges: string[];
+  rangesInAnnotation: boolean;
+  endpoints: EndpointSpec[];
+  slices: number;
+  created: number;
+}
+
+export interface World {
+  services: ServiceSpec[];
+}
+
+const protocols = fc.constantFrom('TCP', 'UDP', 'SCTP');
+const v4Range = fc.tuple(fc.constantFrom('198.51.100', '203.0.113'), fc.integer({ min: 0, max: 255 }), fc.constantFrom(24, 25, 28, 32, 16, 0)).map(([n, h, p]) => `${n}.${h}/${p}`);
+const v6Range = fc.tuple(fc.integer({ min: 0, max: 0xfffe }), fc.constantFrom(48, 64, 128, 0)).map(([h, p]) => `2001:db8:${h.toString(16)}::${h % 7}/${p}`);
+const bareAddress = fc.oneof(fc.integer({ min: 1, max: 254 }).map((h) => `198.51.100.${h}`), fc.integer({ min: 1, max: 0xffff }).map((h) => `2001:db8:1::${h.toString(16)}`));
+
+const portName = fc.constantFrom('http', 'https', 'dns', 'metrics', 'x-1', '');
+
+const endpointArb: fc.Arbitrary<EndpointSpec> = fc.record({
+  v6: fc.boolean(),
+  host: fc.integer({ min: 1, max: 12 }),
+  node: fc.constantFrom(NODE, 'n2'),
+  ready: fc.constantFrom(true, false, undefined, undefined),
+  serving: fc.constantFrom(true, false, undefined),
+  terminating: fc.constantFrom(true, false, undefined),
+});
+
+const serviceArb: fc.Arbitrary<Omit<ServiceSpec, 'name' | 'external' | 'created'>> = fc
+  .record({
+    namespace: fc.constantFrom('default', 'shop', 'kube-system'),
+    cls: fc.constantFrom<string | undefined>(CLASS, CLASS, CLASS, undefined, 'other.dev/lb'),
+    local: fc.boolean(),
+    ports: fc.array(fc.record({ name: portName, protocol: protocols, port: fc.integer({ min: 1, max: 65535 }), targetPort: fc.integer({ min: 1, max: 65535 }) }), { minLength: 1, maxLength: 3 }),
+    ingress: fc.subarray([...NODE_V4, ...NODE_V6, ...OTHER_NODE], { minLength: 1 }),
+    errorSeed: fc.array(fc.array(fc.boolean(), { minLength: 3, maxLength: 3 }), { minLength: 6, maxLength: 6 }),
+    errorRate: fc.constantFrom(0, 0, 0.3),
+    ranges: fc.oneof(fc.constant([] as string[]), fc.array(fc.oneof(v4Range, v6Range, bareAddress), { minLength: 1, maxLength: 6 })),
+    rangesInAnnotation: fc.boolean(),
+    endpoints: fc.array(endpointArb, { maxLength: 10 }),
+    slices: fc.integer({ min: 1, max: 3 }),
+  })
+  .map(({ errorSeed, errorRate, ports, ...rest }) => {
+    // Port names must be unique within a Service, and an unnamed one is alone.
+    const named = ports.length === 1 ? ports : ports.map((p, i) => ({ ...p, name: `${p.name || 'p'}${i}` }));
+    return { ...rest, ports: named, errors: errorSeed.map((row) => row.map((b, i) => errorRate > 0 && b && i % 2 === 0)) };
+  });
+
+/** Services with distinct names and distinct external ports, so a valid world has no conflicts. */
+export const worldArb: fc.Arbitrary<World> = fc
+  .tuple(fc.array(serviceArb, { minLength: 1, maxLength: 6 }), fc.uniqueArray(fc.integer({ min: 1, max: 65535 }), { minLength: 18, maxLength: 18 }), fc.array(fc.integer({ min: 0, max: 1e6 }), { minLength: 6, maxLength: 6 }))
+  .map(([services, ports, created]) => {
+    let next = 0;
+    return {
+      services: services.map((s, i) => ({
+        ...s,
+        name: `svc-${i}`,
+        external: s.ports.map(() => ports[next++]!),
+        created: created[i]!,
+      })),
+    };
+  });
+
+export function endpointAddress(e: EndpointSpec): string {
+  return e.v6 ? `2001:db8:1::${e.host.toString(16)}` : `198.18.0.${e.host}`;
+}
+
+/** The world as Kubernetes objects: what the agent reads from its informers. */
+export function toInput(world: World, overrides: Partial<ModelInput> = {}): ModelInput {
+  const services: V1Service[] = [];
+  const slices: V1EndpointSlice[] = [];
+  for (const s of world.services) {
+    services.push({
+      apiVersion: 'v1',
+      kind: 'Service',
+      metadata: {
+        namespace: s.namespace,
+        name: s.name,
+        uid: `uid-${s.namespace}-${s.name}`,
+        creationTimestamp: new Date(Date.UTC(2024, 0, 1) + s.created * 1000),
+        ...(s.ranges.length > 0 && s.rangesInAnnotation ? { annotations: { 'service.beta.kubernetes.io/load-balancer-source-ranges': s.ranges.join(', ') } } : {}),
+      },
+      spec: {
+        type: 'LoadBalancer',
+        ...(s.cls ? { loadBalancerClass: s.cls } : {}),
+        externalTrafficPolicy: s.local ? 'Local' : 'Cluster',
+        ports: s.ports.map((p) => ({ ...(p.name ? { name: p.name } : {}), protocol: p.protocol, port: p.port, targetPort: p.targetPort as never })),
+        ...(s.ranges.length > 0 && !s.rangesInAnnotation ? { loadBalancerSourceRanges: s.ranges } : {}),
+      },
+      status: {
+        loadBalancer: {
+          ingress: s.ingress.map((ip, i) => ({
+            ip,
+            ipMode: 'Proxy',
+            ports: s.ports.map((p, j) => ({ port: s.external[j]!, protocol: p.protocol, ...(s.errors[i]?.[j] ? { error: 'PortConflict' } : {}) })),
+          })),
+        },
+      },
+    });
+    // Endpoints are dealt round-robin over the slices and both families; a
+    // slice of the wrong family or an FQDN slice must not matter.
+    for (let k = 0; k < s.slices; k++) {
+      for (const v6 of [false, true]) {
+        const eps = s.endpoints.filter((e, i) => e.v6 === v6 && i % s.slices === k);
+        slices.push({
+          apiVersion: 'discovery.k8s.io/v1',
+          kind: 'EndpointSlice',
+          metadata: { namespace: s.namespace, name: `${s.name}-${v6 ? 'v6' : 'v4'}-${k}`, labels: { 'kubernetes.io/service-name': s.name } },
+          addressType: v6 ? 'IPv6' : 'IPv4',
+          ports: s.ports.map((p) => ({ ...(p.name ? { name: p.name } : {}), protocol: p.protocol, port: p.targetPort })),
+          endpoints: eps.map((e) => ({
+            addresses: [endpointAddress(e)],
+            nodeName: e.node,
+            conditions: { ...(e.ready !== undefined ? { ready: e.ready } : {}), ...(e.serving !== undefined ? { serving: e.serving } : {}), ...(e.terminating !== undefined ? { terminating: e.terminating } : {}) },
+          })),
+        });
+      }
+    }
+    slices.push({
+      metadata: { namespace: s.namespace, name: `${s.name}-fqdn`, labels: { 'kubernetes.io/service-name': s.name } },
+      addressType: 'FQDN',
+      ports: s.ports.map((p) => ({ ...(p.name ? { name: p.name } : {}), protocol: p.protocol, port: p.targetPort })),
+      endpoints: [{ addresses: ['db.example.com'] }],
+    });
+  }
+  return { nodeName: NODE, nodeAddresses: [...NODE_V4, ...NODE_V6], services, slices, config: CONFIG, ...overrides };
+}
+
+// ---------------------------------------------------------------------------
+// Corruptions: each breaks one Service in one way the agent must survive.
+
+export type CorruptionKind =
+  | 'InvalidSourceRange'
+  | 'InvalidEndpointAddress'
+  | 'UnsupportedProtocol'
+  | 'TooManyPorts'
+  | 'StatusPortMissing'
+  | 'StatusPortInvalid'
+  | 'FrontendConflict';
+
+export interface Corruption {
+  kind: CorruptionKind;
+  victim: number;
+  value: string;
+}
+
+export const corruptionArb: fc.Arbitrary<Corruption> = fc.oneof(
+  fc.record({ kind: fc.constant<CorruptionKind>('InvalidSourceRange'), victim: fc.nat(), value: fc.constantFrom('not-a-cidr', '192.0.2.0/33', '2001:db8::/129', '300.1.1.1/8', '192.0.2.1/', '::/-1', '10.0.0.0/8/8') }),
+  fc.record({ kind: fc.constant<CorruptionKind>('InvalidEndpointAddress'), victim: fc.nat(), value: fc.constantFrom('bogus', '999.1.1.1', 'fe80::1%eth0', '', '198.18.0.1/32', '1.2.3') }),
+  fc.record({ kind: fc.constant<CorruptionKind>('UnsupportedProtocol'), victim: fc.nat(), value: fc.constantFrom('ICMP', 'tcp', 'HTTP', '') }),
+  fc.record({ kind: fc.constant<CorruptionKind>('TooManyPorts'), victim: fc.nat(), value: fc.constant('') }),
+  fc.record({ kind: fc.constant<CorruptionKind>('StatusPortMissing'), victim: fc.nat(), value: fc.constant('') }),
+  fc.record({ kind: fc.constant<CorruptionKind>('StatusPortInvalid'), victim: fc.nat(), value: fc.constantFrom('0', '65536', '-1', '1.5', 'NaN') }),
+  fc.record({ kind: fc.constant<CorruptionKind>('FrontendConflict'), victim: fc.nat(), value: fc.constant('') }),
+);
+
+const here = (ip: string | undefined) => ip !== undefined && [...NODE_V4, ...NODE_V6].includes(ip);
+
+/** Applies `c` to the input built from `world`, returning the victim's `ns/name`, or undefined when the world offers no target for it. */
+export function corrupt(world: World, input: ModelInput, c: Corruption): string | undefined {
+  // The victim must be served here, or the agent rightly says nothing about it.
+  const served = world.services
+    .map((s, i) => ({ s, i }))
+    .filter(({ s }) => s.cls === CLASS && s.ingress.some(here));
+  if (served.length === 0) return undefined;
+  const { s, i } = served[c.victim % served.length]!;
+  const svc = input.services[i]!;
+  const id = `${s.namespace}/${s.name}`;
+  const ingress = svc.status!.loadBalancer!.ingress!;
+  const localIngress = ingress.filter((ing) => here(ing.ip));
+  switch (c.kind) {
+    case 'InvalidSourceRange':
+      svc.spec!.loadBalancerSourceRanges = [...(svc.spec!.loadBalancerSourceRanges ?? ['203.0.113.0/24']), c.value];
+      return id;
+    case 'InvalidEndpointAddress': {
+      // Served somewhere: a port without an error on a local ingress.
+      const slice = input.slices.find((sl) => sl.metadata?.labels?.['kubernetes.io/service-name'] === s.name && sl.metadata?.namespace === s.namespace && sl.addressType === 'IPv4');
+      if (!slice || !localIngress.some((ing) => ing.ports?.some((p) => !p.error))) return undefined;
+      slice.endpoints = [...(slice.endpoints ?? []), { addresses: [c.value], nodeName: NODE, conditions: { ready: true } }];
+      return id;
+    }
+    case 'UnsupportedProtocol':
+      svc.spec!.ports![0]!.protocol = c.value;
+      return id;
+    case 'TooManyPorts':
+      svc.spec!.ports = Array.from({ length: CONFIG.maxPortsPerService + 1 }, (_, k) => ({ name: `p${k}`, port: 1000 + k, protocol: 'TCP' }));
+      return id;
+    case 'StatusPortMissing':
+      for (const ing of localIngress) ing.ports = [];
+      return id;
+    case 'StatusPortInvalid':
+      for (const ing of localIngress) ing.ports = ing.ports!.map((p) => ({ ...p, error: undefined, port: Number(c.value) }));
+      return id;
+    case 'FrontendConflict': {
+      // The victim, younger than everyone, claims a frontend another Service serves here.
+      const taken = input.services
+        .filter((o, k) => k !== i && world.services[k]!.cls === CLASS)
+        .flatMap((o) => (o.status?.loadBalancer?.ingress ?? []).filter((ing) => here(ing.ip)).flatMap((ing) => (ing.ports ?? []).filter((p) => !p.error).map((p) => ({ ip: ing.ip!, p }))))[0];
+      if (!taken) return undefined;
+      svc.metadata!.creationTimestamp = new Date(Date.UTC(2030, 0, 1));
+      svc.spec!.ports = [{ name: 'stolen', port: 1, protocol: taken.p.protocol }];
+      svc.status!.loadBalancer!.ingress = [{ ip: taken.ip, ipMode: 'Proxy', ports: [{ port: taken.p.port, protocol: taken.p.protocol }] }];
+      return id;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// A packet walk through rendered chains.
+
+export interface Packet {
+  src: string;
+  dst: string;
+  proto: 'tcp' | 'udp' | 'sctp';
+  dport: number;
+  /** The connection as conntrack knows it (filter table). */
+  ct?: { new: boolean; dnat: boolean; proto: number; origsrc: string; origdst: string; origdport: number };
+}
+
+export interface Walk {
+  /** The terminating target reached, or CONTINUE when the packet leaves pier's chains. */
+  verdict: 'DNAT' | 'ACCEPT' | 'DROP' | 'REJECT' | 'MASQUERADE' | 'CONTINUE';
+  to?: string;
+  marked: boolean;
+  /** Rules evaluated on the way. */
+  rules: number;
+  /** Statistic matches met (one per branch point passed). */
+  randomPoints: number;
+  /** How likely this path is, by the printed probabilities of the statistic matches passed. */
+  chance: number;
+}
+
+const parsed = new Map<string, ReturnType<typeof parseCidr>>();
+function cidrOf(text: string) {
+  if (!parsed.has(text)) parsed.set(text, parseCidr(text));
+  return parsed.get(text);
+}
+
+function inCidr(address: string, cidr: string): boolean {
+  const a = cidrOf(address);
+  const c = cidrOf(cidr);
+  if (!a || !c || a.family !== c.family) return false;
+  const host = BigInt((a.family === 'ipv4' ? 32 : 128) - c.prefix);
+  return a.value >> host === c.value >> host;
+}
+
+function inPorts(port: number, spec: string): boolean {
+  const [lo, hi = lo] = spec.split(':').map(Number);
+  return port >= lo! && port <= hi!;
+}
+
+export const PROTO_NUMBERS: Record<string, number> = { tcp: 6, udp: 17, sctp: 132 };
+
+/**
+ * Walks `pkt` from `chain`. The n-th statistic match met succeeds iff
+ * n === choice (so choice k picks the k-th branch of a spread; -1: none).
+ */
+export function walk(chains: Map<string, string[]>, chain: string, pkt: Packet, choice = -1): Walk {
+  let rules = 0;
+  let mark = 0;
+  let randomPoints = 0;
+  let chance = 1;
+  const visit = (name: string, depth: number): { verdict: Walk['verdict']; to?: string } | undefined => {
+    if (depth > 32) throw new Error(`chain loop at ${name}`);
+    const list = chains.get(name);
+    if (!list) throw new Error(`jump to missing chain ${name}`);
+    for (const rule of list) {
+      rules++;
+      const w = splitRule(rule);
+      let ok = true;
+      let target = '';
+      let args: string[] = [];
+      for (let i = 0; i < w.length && ok; ) {
+        const neg = w[i] === '!';
+        if (neg) i++;
+        const opt = w[i]!;
+        const v = w[i + 1] ?? '';
+        let m = true;
+        switch (opt) {
+          case '-s': m = inCidr(pkt.src, v); break;
+          case '-d': m = inCidr(pkt.dst, v); break;
+          case '-p': m = pkt.proto === v; break;
+          case '-m': case '--comment': case '--mode': break;
+          case '--dport': m = inPorts(pkt.dport, v); break;
+          case '--probability':
+            m = randomPoints++ === choice;
+            chance *= m ? Number(v) : 1 - Number(v);
+            break;
+          case '--mark': { const [val, mask] = v.split('/').map(Number); m = (mark & mask!) === val; break; }
+          case '--ctstate': m = pkt.ct !== undefined && v.split(',').some((s) => (s === 'NEW' && pkt.ct!.new) || (s === 'DNAT' && pkt.ct!.dnat)); break;
+          case '--ctproto': m = pkt.ct?.proto === Number(v); break;
+          case '--ctorigsrc': m = pkt.ct !== undefined && inCidr(pkt.ct.origsrc, v.includes('/') ? v : `${v}/${v.includes(':') ? 128 : 32}`); break;
+          case '--ctorigdst': m = pkt.ct !== undefined && inCidr(pkt.ct.origdst, v.includes('/') ? v : `${v}/${v.includes(':') ? 128 : 32}`); break;
+          case '--ctorigdstport': m = pkt.ct !== undefined && inPorts(pkt.ct.origdport, v); break;
+          case '-j': target = v; args = w.slice(i + 2); i = w.length; continue;
+          default: throw new Error(`the test interpreter does not know ${opt} (in: ${rule})`);
+        }
+        if (neg ? m : !m) ok = false;
+        i += 2;
+      }
+      if (!ok) continue;
+      if (target === 'MARK') {
+        const [val, mask] = args[1]!.split('/').map(Number);
+        mark = (mark & ~mask!) ^ val!;
+        continue;
+      }
+      if (target === 'RETURN') return undefined;
+      if (target === 'DNAT') return { verdict: 'DNAT', to: args[1] };
+      if (target === 'ACCEPT' || target === 'DROP' || target === 'REJECT' || target === 'MASQUERADE') return { verdict: target };
+      const res = visit(target, depth + 1);
+      if (res) return res;
+    }
+    return undefined;
+  };
+  const res = visit(chain, 0);
+  return { verdict: res?.verdict ?? 'CONTINUE', to: res?.to, marked: (mark & MARK) !== 0, rules, randomPoints, chance };
+}
+
+/** Every DNAT destination a new connection can reach (one walk per branch), and whether each is marked. */
+export function destinations(chains: Map<string, string[]>, pkt: Packet): { to: string; marked: boolean; chance: number }[] {
+  const out: { to: string; marked: boolean; chance: number }[] = [];
+  const first = walk(chains, 'PIER-SERVICES', pkt, -1);
+  const branches = first.randomPoints;
+  for (let k = 0; k <= branches; k++) {
+    const w = walk(chains, 'PIER-SERVICES', pkt, k);
+    if (w.verdict === 'DNAT') out.push({ to: w.to!, marked: w.marked, chance: w.chance });
+    else if (w.verdict !== 'CONTINUE') throw new Error(`nat verdict ${w.verdict}`);
+  }
+  return out;
+}
+
+export function dnatText(address: string, port: number): string {
+  return address.includes(':') ? `[${address}]:${port}` : `${address}:${port}`;
+}

@@ -1,0 +1,68 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { Coalescer } from '../../lib/coalescer.ts';
+
+describe('Coalescer', () => {
+  beforeEach(() => vi.useFakeTimers());
+  afterEach(() => vi.useRealTimers());
+
+  const make = (runMs: number, minIntervalMs: number) => {
+    const runs: { at: number; full: boolean }[] = [];
+    let active = 0;
+    let maxActive = 0;
+    const c = new Coalescer<{ full: boolean }>(
+      async (o) => {
+        active++;
+        maxActive = Math.max(maxActive, active);
+        runs.push({ at: Date.now(), full: o.full });
+        await new Promise((r) => setTimeout(r, runMs));
+        active--;
+      },
+      { minIntervalMs, merge: (a, b) => ({ full: a.full || b.full }) },
+    );
+    return { c, runs, maxActive: () => maxActive };
+  };
+
+  it('folds a burst into one run right away and one more after the interval', async () => {
+    const { c, runs } = make(10, 1000);
+    const t0 = Date.now();
+    for (let i = 0; i < 50; i++) c.request({ full: false });
+    await vi.advanceTimersByTimeAsync(5);
+    for (let i = 0; i < 50; i++) c.request({ full: i === 7 });
+    await vi.advanceTimersByTimeAsync(3000);
+    expect(runs.map((r) => r.at - t0)).toEqual([0, 1000]);
+    expect(runs.map((r) => r.full)).toEqual([false, true]);
+  });
+
+  it('never runs twice at once, and a request during a run gets a run that starts after it', async () => {
+    const { c, runs, maxActive } = make(500, 100);
+    const t0 = Date.now();
+    c.request({ full: false });
+    await vi.advanceTimersByTimeAsync(200);
+    c.request({ full: false });
+    await vi.advanceTimersByTimeAsync(2000);
+    expect(maxActive()).toBe(1);
+    expect(runs.map((r) => r.at - t0)).toEqual([0, 500]);
+  });
+
+  it('keeps going after a failing run, and stop() drops what is pending', async () => {
+    let calls = 0;
+    const c = new Coalescer<{ x: number }>(
+      async () => {
+        calls++;
+        throw new Error('boom');
+      },
+      { minIntervalMs: 1000, merge: (a) => a },
+    );
+    c.request({ x: 1 });
+    await vi.advanceTimersByTimeAsync(1500);
+    c.request({ x: 1 }); // the interval has passed: runs at once despite the failure before
+    await vi.advanceTimersByTimeAsync(10);
+    expect(calls).toBe(2);
+    c.request({ x: 1 }); // within the interval: pending
+    await c.stop();
+    await vi.advanceTimersByTimeAsync(5000);
+    c.request({ x: 1 });
+    await vi.advanceTimersByTimeAsync(5000);
+    expect(calls).toBe(2);
+  });
+});
