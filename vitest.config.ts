@@ -4,11 +4,15 @@ import { defineConfig } from 'vitest/config';
 //  unit         pure functions and in-process machinery, in parallel
 //  integration  a real kube-apiserver and etcd (test/cluster), one file at a time
 //  e2e          the network lab (test/lab), network namespaces, root only, one file at a time
-// Files that start servers or namespaces run one at a time: the machine has
-// two cores, and the lab's underlay addresses are fixed.
+// One file at a time across all projects: the machine has two cores, the
+// lab's underlay addresses are fixed, and the end-to-end tests measure
+// latencies (refused in under a second, zero failed connections) that a
+// parallel kube-apiserver start-up would distort. The unit project is fast
+// enough that this costs seconds.
 export default defineConfig({
   test: {
     pool: 'forks',
+    maxWorkers: 1,
     projects: [
       {
         test: {

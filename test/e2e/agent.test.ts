@@ -214,6 +214,42 @@ describe('pier agent in the lab', () => {
     expect(r!.ms).toBeLessThan(1000);
   });
 
+  it('skips Services with bad input with a Warning Event and a metric, and keeps serving the others', async () => {
+    // The API server validates most fields (CIDRs, addresses, protocols), so
+    // what reaches an agent is a status that disagrees with the spec (written
+    // by a buggy or foreign controller) or a Service that is too large.
+    await createService('skewed', [{ name: 'http', port: 86 }], lab.pods);
+    const ingress = lab.nodes.map((n) => ({ ip: n.v4, ipMode: 'Proxy', ports: [{ port: 86, protocol: 'UDP' }] }));
+    await core.patchNamespacedServiceStatus({ name: 'skewed', namespace: NS, body: { status: { loadBalancer: { ingress } } } }, mergePatch);
+    // 1,000 ports: far over --max-ports-per-service.
+    const many = Array.from({ length: 1000 }, (_, i) => ({ name: `p${i}`, port: 20000 + i }));
+    await createService('huge', many, lab.pods.slice(0, 1));
+    const events = cp.admin.makeApiClient(EventsV1Api);
+    const warning = (name: string, reason: string) =>
+      eventually(`${reason} event on ${name}`, async () =>
+        (await events.listNamespacedEvent({ namespace: NS })).items.find((e) => e.regarding?.name === name && e.reason === reason),
+      );
+    const skewed = await warning('skewed', 'StatusPortMismatch');
+    expect(skewed.type).toBe('Warning');
+    expect(skewed.note).toContain('"UDP"');
+    const huge = await warning('huge', 'TooManyPorts');
+    expect(huge.note).toContain('1000');
+    const n = lab.nodes[0]!;
+    const [r86] = await lab.probe(client(0), n.v4, 86, { timeoutMs: 1000 });
+    expect(r86!.ok).toBe(false);
+    expect((await save(n)).includes('shop/huge')).toBe(false);
+    const [r80] = await lab.probe(client(0), n.v4, 80);
+    expect(r80!.ok).toBe(true);
+    const metrics = await (await fetch(`http://${n.v4}:10265/metrics`)).text();
+    expect(metrics).toMatch(/pier_agent_service_problems\{reason="StatusPortMismatch"\} 1/);
+    expect(metrics).toMatch(/pier_agent_service_problems\{reason="TooManyPorts"\} 1/);
+    expect(metrics).toMatch(/pier_agent_sync_duration_seconds_count\{family="ipv4",mode="partial"\} [1-9]/);
+    expect(metrics).toMatch(/pier_agent_forwarding\{family="ipv6"\} 1/);
+    expect(metrics).toMatch(/pier_agent_rules\{family="ipv4",table="nat"\} [1-9]\d*/);
+    await core.deleteNamespacedService({ name: 'huge', namespace: NS });
+    await core.deleteNamespacedService({ name: 'skewed', namespace: NS });
+  });
+
   it('a deleted Service loses its rules at the next sync; the others keep theirs', async () => {
     await createService('doomed', [{ name: 'http', port: 85 }], lab.pods);
     await probeUntilOk(client(0), lab.nodes[0]!.v4, 85);

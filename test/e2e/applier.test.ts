@@ -1,0 +1,157 @@
+// The applier against real iptables in a scratch namespace: how much it runs
+// for each kind of change, and how it recovers from what others do to the
+// tables (stale chains and jumps, a flush, a failing partial write).
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { Applier, removeAll } from '../../agent/applier.ts';
+import { Xtables, commandRunner, type Runner } from '../../agent/iptables.ts';
+import { buildModel } from '../../agent/model.ts';
+import { renderRuleset, type Ruleset } from '../../agent/render.ts';
+import { parseSave } from '../../agent/restore.ts';
+import { LOAD_BALANCER_CLASS } from '../../lib/contract.ts';
+import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
+
+const NODE_IP = '198.51.100.11';
+
+/** A ruleset for `n` single-port Services; `moved` shifts one Service's endpoint. */
+function ruleset(n: number, moved = 0): Ruleset {
+  const services = Array.from({ length: n }, (_, i) => ({
+    metadata: { namespace: 'shop', name: `s${i}` },
+    spec: { type: 'LoadBalancer', loadBalancerClass: LOAD_BALANCER_CLASS, ports: [{ name: 'p', port: 1000 + i, protocol: 'TCP', targetPort: 8080 }] },
+    status: { loadBalancer: { ingress: [{ ip: NODE_IP, ipMode: 'Proxy', ports: [{ port: 1000 + i, protocol: 'TCP' }] }] } },
+  }));
+  const slices = services.map((s, i) => ({
+    metadata: { namespace: 'shop', name: `${s.metadata.name}-a`, labels: { 'kubernetes.io/service-name': s.metadata.name } },
+    addressType: 'IPv4',
+    endpoints: [{ addresses: [`198.19.1.${(i === 0 ? moved : 0) + 10 + (i % 200)}`], nodeName: 'n1', conditions: { ready: true } }, { addresses: [`198.19.2.${10 + (i % 200)}`], nodeName: 'n2', conditions: { ready: true } }],
+    ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
+  }));
+  const model = buildModel({
+    nodeName: 'n1',
+    nodeAddresses: [NODE_IP],
+    services: services as never,
+    slices: slices as never,
+    config: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 },
+  });
+  return renderRuleset(model.ipv4, { markBit: 0x2000 });
+}
+
+describe('Applier', () => {
+  let s: Scratch;
+  let calls: { file: string; args: string[]; input?: string }[];
+  let failNextRestore: boolean;
+  let xt: Xtables;
+  const pierState = async () => {
+    const saved = parseSave((await s.exec('iptables-save', [])).stdout);
+    const out: string[] = [];
+    for (const [table, chains] of saved) for (const [chain, rules] of chains) {
+      if (chain.startsWith('PIER-')) out.push(`${table} :${chain}`);
+      for (const r of rules) if (chain.startsWith('PIER-') || r.includes('PIER-')) out.push(`${table} -A ${chain} ${r}`);
+    }
+    return out.sort();
+  };
+  const expected = async (rs: Ruleset) => {
+    const t = await scratchNamespace();
+    try {
+      const a = new Applier(new Xtables('ipv4', 'nft', commandRunner(['ip', 'netns', 'exec', t.ns])));
+      await a.apply(rs);
+      const saved = parseSave((await t.exec('iptables-save', [])).stdout);
+      const out: string[] = [];
+      for (const [table, chains] of saved) for (const [chain, rules] of chains) {
+        if (chain.startsWith('PIER-')) out.push(`${table} :${chain}`);
+        for (const r of rules) if (chain.startsWith('PIER-') || r.includes('PIER-')) out.push(`${table} -A ${chain} ${r}`);
+      }
+      return out.sort();
+    } finally {
+      await t.destroy();
+    }
+  };
+
+  beforeEach(async () => {
+    s = await scratchNamespace();
+    calls = [];
+    failNextRestore = false;
+    const inner = commandRunner(['ip', 'netns', 'exec', s.ns]);
+    const counting: Runner = async (file, args, input) => {
+      calls.push({ file, args, input });
+      if (failNextRestore && file.endsWith('-restore')) {
+        failNextRestore = false;
+        return { exitCode: 2, stdout: '', stderr: 'iptables-restore: simulated failure\nError occurred at line: 2\n' };
+      }
+      return inner(file, args, input);
+    };
+    xt = new Xtables('ipv4', 'nft', counting);
+  });
+  afterEach(async () => s?.destroy());
+
+  it('runs nothing for an unchanged ruleset and one restore with only the changed chains for a change', async () => {
+    const a = new Applier(xt);
+    expect((await a.apply(ruleset(50))).mode).toBe('full');
+    calls.length = 0;
+    expect(await a.apply(ruleset(50))).toMatchObject({ mode: 'noop', payloadBytes: 0 });
+    expect(calls).toEqual([]);
+    const r = await a.apply(ruleset(50, 100));
+    expect(r.mode).toBe('partial');
+    expect(calls.map((c) => c.file)).toEqual(['iptables-nft-restore']);
+    const declared = (calls[0]!.input ?? '').split('\n').filter((l) => l.startsWith(':'));
+    expect(declared.length).toBeGreaterThan(0);
+    expect(declared.length).toBeLessThan(4);
+    expect(await pierState()).toEqual(await expected(ruleset(50, 100)));
+  });
+
+  it('removes stale pier chains and jumps on the first sync, and leaves everything else', async () => {
+    await s.exec('iptables-restore', ['--noflush'], {
+      input: ['*nat', ':PIER-OLD - [0:0]', ':HOST-OWN - [0:0]', '-A PIER-OLD -j RETURN', '-A PREROUTING -j PIER-OLD', '-A PREROUTING -j HOST-OWN', 'COMMIT', ''].join('\n'),
+    });
+    const a = new Applier(xt);
+    await a.apply(ruleset(5));
+    const state = await pierState();
+    expect(state.some((l) => l.includes('PIER-OLD'))).toBe(false);
+    expect(state).toEqual(await expected(ruleset(5)));
+    const nat = (await s.exec('iptables-save', ['-t', 'nat'])).stdout;
+    expect(nat).toContain('-A PREROUTING -j HOST-OWN');
+    expect(nat).toContain(':HOST-OWN');
+  });
+
+  it('falls back to a full rewrite when a partial write fails', async () => {
+    const a = new Applier(xt);
+    await a.apply(ruleset(20));
+    failNextRestore = true;
+    const r = await a.apply(ruleset(20, 50));
+    expect(r.mode).toBe('full');
+    expect(r.reason).toMatch(/partial restore failed: .*simulated failure/);
+    expect(await pierState()).toEqual(await expected(ruleset(20, 50)));
+  });
+
+  it('heals an outside flush at the next verifying sync, and not before', async () => {
+    const a = new Applier(xt);
+    await a.apply(ruleset(10));
+    await s.exec('iptables', ['-t', 'nat', '-F']);
+    expect((await a.apply(ruleset(10))).mode).toBe('noop'); // an event-driven sync trusts its memory
+    const r = await a.apply(ruleset(10), { verify: true });
+    expect(r).toMatchObject({ mode: 'full', reason: expect.stringContaining('canary') });
+    expect(await pierState()).toEqual(await expected(ruleset(10)));
+  });
+
+  it('puts back a jump someone deleted, at a verifying sync', async () => {
+    const a = new Applier(xt);
+    const rs = ruleset(3);
+    await a.apply(rs);
+    const jump = rs.tables.filter.jumps[0]!;
+    await s.exec('iptables', ['-t', 'filter', '-D', jump.chain, ...jump.rule.match(/"[^"]*"|\S+/g)!.map((w) => w.replace(/^"|"$/g, ''))]);
+    const r = await a.apply(rs, { verify: true });
+    expect(r).toMatchObject({ mode: 'noop', jumpsInserted: 1 });
+    expect(await pierState()).toEqual(await expected(rs));
+  });
+
+  it('cleanup removes exactly what pier added', async () => {
+    await s.exec('iptables', ['-A', 'FORWARD', '-s', '203.0.113.0/24', '-j', 'DROP']);
+    const before = (await s.exec('iptables-save', [])).stdout.split('\n').filter((l) => l.startsWith('-'));
+    const a = new Applier(xt);
+    await a.apply(ruleset(30));
+    const removed = await removeAll(xt);
+    expect(removed.chains).toBeGreaterThan(5);
+    expect(removed.jumps).toBe(ruleset(30).tables.nat.jumps.length + ruleset(30).tables.filter.jumps.length);
+    expect(await pierState()).toEqual([]);
+    expect((await s.exec('iptables-save', [])).stdout.split('\n').filter((l) => l.startsWith('-'))).toEqual(before);
+  });
+});
