@@ -16,6 +16,9 @@ export const DEFAULT_POOL = 'default';
 /** Service annotation: `service` (external port = spec port) or `allocate` (from a range). */
 export const PORT_MODE = 'pier.dev/port-mode';
 
+/** Service annotation the controller writes in port-mode allocate: JSON `{"80/TCP": 40001}`, for people. */
+export const PORT_MAPPING_ANNOTATION = 'pier.dev/port-mapping';
+
 /** Service condition type the controller maintains. */
 export const READY_CONDITION = 'pier.dev/Ready';
 

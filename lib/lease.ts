@@ -18,7 +18,6 @@ export interface LeaseRenewerOptions {
   /** Read at every renewal, so the Lease always reports the current state. */
   annotations: () => Record<string, string>;
   log?: Logger;
-  onRenewed?: (ok: boolean) => void;
 }
 
 export function apiStatus(err: unknown): number | undefined {
@@ -34,6 +33,7 @@ export class LeaseRenewer {
   private running: Promise<void> | undefined;
   private again = false;
   private stopped = false;
+  private failures = 0;
   lastRenewal: Date | undefined;
 
   constructor(opts: LeaseRenewerOptions) {
@@ -82,12 +82,14 @@ export class LeaseRenewer {
       const body = this.desired(existing, now);
       if (existing) await this.api.replaceNamespacedLease({ name, namespace, body });
       else await this.api.createNamespacedLease({ namespace, body });
+      if (this.failures > 0) this.log.info({ failures: this.failures }, 'lease renewed again');
+      this.failures = 0;
       this.lastRenewal = now;
-      this.opts.onRenewed?.(true);
     } catch (err) {
-      // 409: someone else wrote in between; the next tick reads again.
-      this.log.warn({ err: (err as Error).message, status: apiStatus(err) }, 'lease renewal failed');
-      this.opts.onRenewed?.(false);
+      // 409: someone else wrote in between; the next tick reads again. An
+      // unreachable API server fails every tick: warn once, not every 5 s.
+      this.failures++;
+      this.log[this.failures === 1 ? 'warn' : 'debug']({ err: (err as Error).message, status: apiStatus(err), failures: this.failures }, 'lease renewal failed');
     }
   }
 

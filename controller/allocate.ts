@@ -1,0 +1,924 @@
+// The controller's pure core (design section 2): which node addresses and
+// external ports each of pier's Services gets, and what its status says.
+//
+// allocate() is a pure, total function of plain objects. Nothing in it may
+// depend on the order objects arrive in, and nothing may throw: a malformed
+// Service costs at most its own status, never another Service's.
+//
+// How conflicts and stability fit together:
+//  - In port-mode `service` the external port is the spec port, so a
+//    Service's claims follow from its spec and the cluster alone. Who keeps a
+//    contested (address, protocol, port) follows from creationTimestamp, then
+//    namespace/name, which no status can change. Rebuilding from statuses
+//    therefore moves nothing, because statuses were never an input.
+//  - In port-mode `allocate` the external port is a choice, and the choice is
+//    remembered in the Service's own status (and in the mapping annotation,
+//    which survives while the Service has no ingress). A remembered port is
+//    kept while it is valid; ports are drawn only for what holds nothing, so
+//    that feeding this function its own output returns the same output.
+import type { V1EndpointSlice, V1Lease, V1Node, V1Service, V1ServicePort } from '@kubernetes/client-node';
+import { IPv4, IPv6, Validator } from 'ip-num';
+
+import {
+  EXCLUDE_FROM_LB_LABEL,
+  LEASE_FORWARDING_IPV4,
+  LEASE_FORWARDING_IPV6,
+  POOL,
+  PORT_MAPPING_ANNOTATION,
+  PORT_MODE,
+  agentLeaseName,
+  type Family,
+} from '../lib/contract.ts';
+import { leaseIsFresh } from '../lib/lease.ts';
+
+export type { Family };
+
+// ---------------------------------------------------------------------------
+// Configuration
+
+/** Inclusive; applies to every protocol. */
+export interface PortRange {
+  from: number;
+  to: number;
+}
+
+export interface AllocatorConfig {
+  loadBalancerClass: string;
+  /** Also take LoadBalancer Services that name no class. */
+  defaultClass: boolean;
+  /** Pool of Services without the pool annotation and of nodes without the pool label. */
+  defaultPool: string;
+  /** Where agent Leases live. */
+  agentNamespace: string;
+  /** External ports no Service may have: they belong to the node itself. */
+  reservedPorts: readonly PortRange[];
+  /** Where `port-mode: allocate` draws external ports from. */
+  allocateRange: PortRange;
+  /** Services with more ports are not served at all; agents refuse them too. */
+  maxPortsPerService?: number;
+}
+
+export const DEFAULT_RESERVED_PORTS: readonly PortRange[] = [
+  { from: 22, to: 22 }, // ssh
+  { from: 2379, to: 2380 }, // etcd client and peer
+  { from: 6443, to: 6443 }, // kube-apiserver
+  { from: 10250, to: 10250 }, // kubelet
+  { from: 10256, to: 10256 }, // kube-proxy health
+  { from: 10257, to: 10257 }, // kube-controller-manager
+  { from: 10259, to: 10259 }, // kube-scheduler
+];
+
+/** Clear of the default NodePort range (30000-32767), so defaults never need to skip anything. */
+export const DEFAULT_ALLOCATE_RANGE: PortRange = { from: 40000, to: 49999 };
+
+/**
+ * Service annotation the writer keeps in step with `portMapping`: the
+ * external port of each spec port (`{"80/TCP":40000}`), for people, and as
+ * the memory of allocated ports while a Service has no ingress to hold them.
+ */
+export { PORT_MAPPING_ANNOTATION };
+
+/** Reasons used in port errors, in the condition and in problems (Events). */
+export const REASONS = {
+  serving: 'Serving',
+  partiallyServed: 'PartiallyServed',
+  noPorts: 'NoPorts',
+  tooManyPorts: 'TooManyPorts',
+  noEligibleNodes: 'NoEligibleNodes',
+  addressUnavailable: 'AddressUnavailable',
+  portConflict: 'PortConflict',
+  portReserved: 'PortReserved',
+  portRangeExhausted: 'PortRangeExhausted',
+  invalidPort: 'InvalidPort',
+  unsupportedProtocol: 'UnsupportedProtocol',
+  invalidPortMode: 'InvalidPortMode',
+  invalidIPFamily: 'InvalidIPFamily',
+  invalidService: 'InvalidService',
+} as const;
+
+export function defaultAllocatorConfig(overrides: Partial<AllocatorConfig> = {}): AllocatorConfig {
+  return {
+    loadBalancerClass: 'pier.dev/lb',
+    defaultClass: false,
+    defaultPool: 'default',
+    agentNamespace: 'pier-system',
+    reservedPorts: DEFAULT_RESERVED_PORTS,
+    allocateRange: DEFAULT_ALLOCATE_RANGE,
+    ...overrides,
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Input and output
+
+export interface AllocateInput {
+  services: V1Service[];
+  nodes: V1Node[];
+  slices: V1EndpointSlice[];
+  leases: V1Lease[];
+  /** Milliseconds since the epoch; Lease freshness is judged against it. */
+  now: number;
+  config: AllocatorConfig;
+}
+
+export interface PortAssignment {
+  /** The external port clients connect to. */
+  port: number;
+  protocol: string;
+  /** Set when this port is not served on this address. */
+  error?: string;
+}
+
+export interface IngressAssignment {
+  ip: string;
+  ipMode: 'Proxy';
+  /** One per spec port, in spec order. */
+  ports: PortAssignment[];
+}
+
+export interface ReadyCondition {
+  status: 'True' | 'False';
+  reason: string;
+  message: string;
+}
+
+export interface Problem {
+  reason: string;
+  message: string;
+}
+
+export interface ServiceAllocation {
+  ingress: IngressAssignment[];
+  /** The `pier.dev/Ready` condition. */
+  condition: ReadyCondition;
+  /** Everything worth an Event: every failure in the condition, and warnings that do not stop serving. */
+  problems: Problem[];
+  /** Value of PORT_MAPPING_ANNOTATION; only in port-mode allocate. */
+  portMapping?: string;
+}
+
+export interface Allocation {
+  /** Keyed `namespace/name`, in key order; only pier's Services. */
+  services: Map<string, ServiceAllocation>;
+}
+
+// ---------------------------------------------------------------------------
+// Which Services
+
+export function serviceKey(svc: V1Service): string {
+  return `${svc?.metadata?.namespace ?? ''}/${svc?.metadata?.name ?? ''}`;
+}
+
+export function isPierService(svc: V1Service, config: Pick<AllocatorConfig, 'loadBalancerClass' | 'defaultClass'>): boolean {
+  if (svc?.spec?.type !== 'LoadBalancer') return false;
+  const cls = svc.spec.loadBalancerClass;
+  if (cls === undefined || cls === null || cls === '') return config.defaultClass;
+  return cls === config.loadBalancerClass;
+}
+
+// ---------------------------------------------------------------------------
+// Addresses
+
+interface Address {
+  family: Family;
+  value: bigint;
+  /** Canonical (RFC 5952) text, so that two spellings of one address are one address. */
+  text: string;
+}
+
+const FAMILY_NAME: Record<Family, string> = { ipv4: 'IPv4', ipv6: 'IPv6' };
+
+function parseAddress(text: unknown): Address | undefined {
+  if (typeof text !== 'string' || text.length === 0 || text.length > 64) return undefined;
+  try {
+    if (text.includes(':')) {
+      // A zone id names a link, never an address others can reach.
+      if (text.includes('%') || !Validator.isValidIPv6String(text)[0]) return undefined;
+      const value = IPv6.fromString(text).getValue();
+      return { family: 'ipv6', value, text: formatIPv6(value) };
+    }
+    if (!Validator.isValidIPv4String(text)[0]) return undefined;
+    const value = IPv4.fromString(text).getValue();
+    const n = Number(value);
+    return { family: 'ipv4', value, text: [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.') };
+  } catch {
+    return undefined;
+  }
+}
+
+function formatIPv6(value: bigint): string {
+  const words: number[] = [];
+  for (let i = 7; i >= 0; i--) words.push(Number((value >> BigInt(i * 16)) & 0xffffn));
+  let best = -1;
+  let bestLen = 1; // RFC 5952: a single zero group is not compressed
+  for (let i = 0; i < 8; ) {
+    if (words[i] !== 0) {
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < 8 && words[j] === 0) j++;
+    if (j - i > bestLen) {
+      best = i;
+      bestLen = j - i;
+    }
+    i = j;
+  }
+  const hex = (ws: number[]) => ws.map((w) => w.toString(16)).join(':');
+  if (best < 0) return hex(words);
+  return `${hex(words.slice(0, best))}::${hex(words.slice(best + bestLen))}`;
+}
+
+function compareAddresses(a: Address, b: Address): number {
+  return a.value < b.value ? -1 : a.value > b.value ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Reading the cluster
+
+interface NodeView {
+  name: string;
+  ready: boolean;
+  excluded: boolean;
+  pool: string;
+  agent: 'missing' | 'stale' | 'fresh';
+  forwarding: Record<Family, boolean>;
+  /** The address advertised for this node: ExternalIP of the family, else InternalIP. */
+  chosen: Partial<Record<Family, Address>>;
+  /** Every InternalIP and ExternalIP, which a Service may ask for by loadBalancerIP. */
+  all: Record<Family, Set<string>>;
+}
+
+function readNodes(input: AllocateInput): NodeView[] {
+  const { config } = input;
+  const leases = new Map<string, V1Lease[]>();
+  for (const lease of input.leases ?? []) {
+    safely(() => {
+      if (lease?.metadata?.namespace !== config.agentNamespace) return;
+      const name = lease.metadata.name ?? '';
+      leases.set(name, [...(leases.get(name) ?? []), lease]);
+    }, undefined);
+  }
+  const views: NodeView[] = [];
+  for (const node of uniqueBy(input.nodes ?? [], (n) => n?.metadata?.name ?? '')) {
+    const view = safely(() => readNode(node, leases, input.now, config), undefined);
+    if (view) views.push(view);
+  }
+  return views.sort((a, b) => compareText(a.name, b.name));
+}
+
+function readNode(node: V1Node, leases: Map<string, V1Lease[]>, now: number, config: AllocatorConfig): NodeView | undefined {
+  const name = node.metadata?.name;
+  if (typeof name !== 'string' || name === '') return undefined;
+  const labels = node.metadata?.labels ?? {};
+  const pool = typeof labels[POOL] === 'string' && labels[POOL] !== '' ? labels[POOL] : config.defaultPool;
+  // Several Leases of one name cannot come from one API server; if a caller
+  // passes them anyway, any healthy one counts, which no order can change.
+  const mine = leases.get(agentLeaseName(name)) ?? [];
+  const fresh = mine.filter((l) => safely(() => leaseIsFresh(l, now), false));
+  const forwards = (annotation: string) => fresh.some((l) => l.metadata?.annotations?.[annotation] === 'true');
+  const view: NodeView = {
+    name,
+    ready: (node.status?.conditions ?? []).some((c) => c?.type === 'Ready' && c.status === 'True'),
+    excluded: Object.hasOwn(labels, EXCLUDE_FROM_LB_LABEL),
+    pool,
+    agent: mine.length === 0 ? 'missing' : fresh.length === 0 ? 'stale' : 'fresh',
+    forwarding: { ipv4: forwards(LEASE_FORWARDING_IPV4), ipv6: forwards(LEASE_FORWARDING_IPV6) },
+    chosen: {},
+    all: { ipv4: new Set(), ipv6: new Set() },
+  };
+  const internal: Partial<Record<Family, Address>> = {};
+  const external: Partial<Record<Family, Address>> = {};
+  for (const a of node.status?.addresses ?? []) {
+    if (a?.type !== 'InternalIP' && a?.type !== 'ExternalIP') continue;
+    const addr = parseAddress(a.address);
+    if (!addr) continue;
+    view.all[addr.family].add(addr.text);
+    // The first of each kind, as the kubelet lists its preferred one first.
+    const kind = a.type === 'ExternalIP' ? external : internal;
+    kind[addr.family] ??= addr;
+  }
+  for (const f of ['ipv4', 'ipv6'] as const) {
+    const pick = external[f] ?? internal[f];
+    if (pick) view.chosen[f] = pick;
+  }
+  return view;
+}
+
+const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
+
+/** Per Service key and family: the nodes with a ready endpoint. */
+function readyNodes(slices: V1EndpointSlice[]): Map<string, Record<Family, Set<string>>> {
+  const out = new Map<string, Record<Family, Set<string>>>();
+  for (const slice of slices ?? []) {
+    safely(() => {
+      const svc = slice?.metadata?.labels?.[SERVICE_NAME_LABEL];
+      const family = slice.addressType === 'IPv4' ? 'ipv4' : slice.addressType === 'IPv6' ? 'ipv6' : undefined;
+      if (!svc || !family) return;
+      const key = `${slice.metadata?.namespace ?? ''}/${svc}`;
+      let entry = out.get(key);
+      if (!entry) out.set(key, (entry = { ipv4: new Set(), ipv6: new Set() }));
+      for (const ep of slice.endpoints ?? []) {
+        if (typeof ep?.nodeName === 'string' && ep.conditions?.ready !== false) entry[family].add(ep.nodeName);
+      }
+    }, undefined);
+  }
+  return out;
+}
+
+/** NodePorts (and health-check NodePorts) of every Service, pier's or not: kube-proxy listens on them on every node. */
+interface NodePorts {
+  /** By number, any protocol: what allocation avoids. */
+  numbers: Set<number>;
+  /** `PROTO/port` -> the Service ports (`key#index`, `#health` for the health check) that have it. */
+  owners: Map<string, string[]>;
+}
+
+function readNodePorts(services: V1Service[]): NodePorts {
+  const out: NodePorts = { numbers: new Set(), owners: new Map() };
+  const add = (port: unknown, protocol: string, owner: string, index: number | 'health') => {
+    if (!isPort(port)) return;
+    out.numbers.add(port);
+    const k = `${protocol}/${port}`;
+    const list = out.owners.get(k) ?? [];
+    const id = `${owner}#${index}`;
+    if (!list.includes(id)) out.owners.set(k, [...list, id].sort(compareText));
+  };
+  for (const svc of services) {
+    safely(() => {
+      const owner = serviceKey(svc);
+      (svc.spec?.ports ?? []).forEach((p, index) => add(p?.nodePort, p?.protocol ?? 'TCP', owner, index));
+      add(svc.spec?.healthCheckNodePort, 'TCP', owner, 'health');
+    }, undefined);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Reading a Service
+
+const PROTOCOLS = ['TCP', 'UDP', 'SCTP'];
+
+interface SpecPort {
+  index: number;
+  /** The spec port; 0 when the spec has none that is valid. */
+  port: number;
+  protocol: string;
+  name: string;
+  /** A spec this port cannot be served from. */
+  error?: string;
+}
+
+interface Plan {
+  key: string;
+  created: number;
+  /** Position in (creationTimestamp, namespace/name) order: lower is older. */
+  rank: number;
+  ports: SpecPort[];
+  families: Family[];
+  local: boolean;
+  pool: string;
+  allocateMode: boolean;
+  requested: unknown[];
+  /** Per spec port, the external ports its status and annotation remember, best first. */
+  remembered: number[][];
+  warnings: Problem[];
+  /** Set when the Service cannot be served at all, before looking at nodes. */
+  blocked?: Problem;
+  // Filled in as allocation proceeds.
+  addresses: Address[];
+  addressCauses: Problem[];
+  external: (number | undefined)[];
+  /** Per spec index: why that port is served on none of the addresses. */
+  portErrors: Map<number, PortError>;
+  /** Per spec index, per address: which older claimant holds it there. */
+  conflicts: Map<number, Map<string, PortError>>;
+}
+
+interface PortError {
+  reason: string;
+  detail: string;
+}
+
+function readService(svc: V1Service, config: AllocatorConfig): Omit<Plan, 'rank'> {
+  const key = serviceKey(svc);
+  const annotations: Record<string, unknown> = svc.metadata?.annotations ?? {};
+  const warnings: Problem[] = [];
+
+  const poolAnnotation = annotations[POOL];
+  const pool = typeof poolAnnotation === 'string' && poolAnnotation !== '' ? poolAnnotation : config.defaultPool;
+
+  const mode = annotations[PORT_MODE];
+  const allocateMode = mode === 'allocate';
+  if (mode !== undefined && mode !== '' && mode !== 'service' && mode !== 'allocate') {
+    warnings.push({
+      reason: REASONS.invalidPortMode,
+      message: `annotation ${PORT_MODE}=${JSON.stringify(mode)} is neither "service" nor "allocate"; using "service" (external port = spec port)`,
+    });
+  }
+
+  const families: Family[] = [];
+  const rawFamilies: unknown[] = Array.isArray(svc.spec?.ipFamilies) ? svc.spec.ipFamilies : [];
+  for (const f of rawFamilies) {
+    const family = f === 'IPv4' ? 'ipv4' : f === 'IPv6' ? 'ipv6' : undefined;
+    if (!family) warnings.push({ reason: REASONS.invalidIPFamily, message: `spec.ipFamilies has ${JSON.stringify(f)}, which is neither IPv4 nor IPv6; ignored` });
+    else if (!families.includes(family)) families.push(family);
+  }
+  // The API server always fills ipFamilies; without it, IPv4 is what a single-stack cluster would have chosen.
+  if (families.length === 0) families.push('ipv4');
+
+  const specPorts: V1ServicePort[] = Array.isArray(svc.spec?.ports) ? svc.spec.ports : [];
+  const ports: SpecPort[] = specPorts.map((sp, index) => {
+    const protocol = typeof sp?.protocol === 'string' && sp.protocol !== '' ? sp.protocol : 'TCP';
+    const name = typeof sp?.name === 'string' ? sp.name : '';
+    const port = isPort(sp?.port) ? sp.port : 0;
+    const out: SpecPort = { index, port, protocol, name };
+    if (!PROTOCOLS.includes(protocol)) out.error = REASONS.unsupportedProtocol;
+    else if (port === 0) out.error = REASONS.invalidPort;
+    return out;
+  });
+
+  let blocked: Problem | undefined;
+  if (ports.length === 0) {
+    blocked = { reason: REASONS.noPorts, message: 'the Service has no ports, so there is nothing to serve' };
+  } else if (config.maxPortsPerService !== undefined && ports.length > config.maxPortsPerService) {
+    blocked = {
+      reason: REASONS.tooManyPorts,
+      message: `the Service has ${ports.length} ports; pier serves at most ${config.maxPortsPerService} per Service, so it serves none of them`,
+    };
+  }
+
+  const lbIP = svc.spec?.loadBalancerIP;
+  return {
+    key,
+    created: timestamp(svc.metadata?.creationTimestamp),
+    ports,
+    families,
+    local: svc.spec?.externalTrafficPolicy === 'Local',
+    pool,
+    allocateMode,
+    requested: lbIP === undefined || lbIP === null || lbIP === '' ? [] : [lbIP],
+    remembered: allocateMode ? rememberedPorts(svc, ports, annotations[PORT_MAPPING_ANNOTATION]) : ports.map(() => []),
+    warnings,
+    ...(blocked ? { blocked } : {}),
+    addresses: [],
+    addressCauses: [],
+    external: [],
+    portErrors: new Map(),
+    conflicts: new Map(),
+  };
+}
+
+/**
+ * External ports a Service already had, per spec port, best first. Status
+ * ports are positional, so a reordered spec would hand one port's number to
+ * another; the annotation names spec ports, so where the status confirms
+ * that the annotated number is this Service's, the annotation decides. It
+ * also remembers ports while the Service has no ingress at all.
+ */
+function rememberedPorts(svc: V1Service, ports: SpecPort[], mappingText: unknown): number[][] {
+  let mapping: Record<string, unknown> = {};
+  if (typeof mappingText === 'string') {
+    const parsed = safely(() => JSON.parse(mappingText) as unknown, undefined);
+    if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) mapping = parsed as Record<string, unknown>;
+  }
+  const ingress: unknown[] = Array.isArray(svc.status?.loadBalancer?.ingress) ? svc.status.loadBalancer.ingress : [];
+  const statusPorts = (index: number | undefined, protocol: string): number[] => {
+    const found = new Set<number>();
+    for (const ing of ingress) {
+      const list: unknown = (ing as { ports?: unknown })?.ports;
+      if (!Array.isArray(list)) continue;
+      const entries = index === undefined ? list : [list[index]];
+      for (const e of entries) {
+        const { port, protocol: p, error } = (e ?? {}) as { port?: unknown; protocol?: unknown; error?: unknown };
+        // An entry with an error records no assignment: an exhausted port carries its spec port.
+        if (isPort(port) && (p ?? 'TCP') === protocol && !error) found.add(port);
+      }
+    }
+    return [...found].sort((a, b) => a - b);
+  };
+  return ports.map((sp) => {
+    const annotated = mapping[mappingKey(sp)];
+    const fromAnnotation = isPort(annotated) ? [annotated] : [];
+    const confirmed = fromAnnotation.filter((p) => statusPorts(undefined, sp.protocol).includes(p));
+    return [...new Set([...confirmed, ...statusPorts(sp.index, sp.protocol), ...fromAnnotation])];
+  });
+}
+
+function mappingKey(sp: SpecPort): string {
+  return `${sp.port}/${sp.protocol}`;
+}
+
+// ---------------------------------------------------------------------------
+// Choosing addresses
+
+/** Why a node does not serve a Service in a family, in the order they are checked. */
+const EXCLUSIONS = ['pool', 'notReady', 'excluded', 'noAgent', 'agentStale', 'notForwarding', 'noAddress', 'noEndpoint'] as const;
+type Exclusion = (typeof EXCLUSIONS)[number];
+
+function exclusion(node: NodeView, plan: Plan, family: Family, ready: Record<Family, Set<string>> | undefined): Exclusion | undefined {
+  if (node.pool !== plan.pool) return 'pool';
+  if (!node.ready) return 'notReady';
+  if (node.excluded) return 'excluded';
+  if (node.agent === 'missing') return 'noAgent';
+  if (node.agent === 'stale') return 'agentStale';
+  if (!node.forwarding[family]) return 'notForwarding';
+  if (!node.chosen[family]) return 'noAddress';
+  if (plan.local && !ready?.[family].has(node.name)) return 'noEndpoint';
+  return undefined;
+}
+
+/** How a count of nodes excluded for `why` reads: "2 not Ready". */
+function describeExclusion(why: Exclusion, family: Family, plan: Plan): string {
+  const f = FAMILY_NAME[family];
+  switch (why) {
+    case 'pool':
+      return `in another pool than ${JSON.stringify(plan.pool)}`;
+    case 'notReady':
+      return 'not Ready';
+    case 'excluded':
+      return `labelled ${EXCLUDE_FROM_LB_LABEL}`;
+    case 'noAgent':
+      return 'without a pier agent Lease';
+    case 'agentStale':
+      return 'whose pier agent Lease has expired';
+    case 'notForwarding':
+      return `whose pier agent cannot forward ${f}`;
+    case 'noAddress':
+      return `without an ${f} address`;
+    case 'noEndpoint':
+      return 'without a ready endpoint of the Service (externalTrafficPolicy: Local)';
+  }
+}
+
+/** Why one node is excluded: "its pier agent Lease has expired". */
+function explainNode(node: NodeView, why: Exclusion, family: Family, plan: Plan): string {
+  switch (why) {
+    case 'pool':
+      return `it is in pool ${JSON.stringify(node.pool)}, not ${JSON.stringify(plan.pool)}`;
+    case 'notReady':
+      return 'it is not Ready';
+    case 'excluded':
+      return `it is labelled ${EXCLUDE_FROM_LB_LABEL}`;
+    case 'noAgent':
+      return 'it has no pier agent Lease';
+    case 'agentStale':
+      return 'its pier agent Lease has expired';
+    case 'notForwarding':
+      return `its pier agent cannot forward ${FAMILY_NAME[family]}`;
+    case 'noAddress':
+      return `it has no ${FAMILY_NAME[family]} address`;
+    case 'noEndpoint':
+      return 'it has no ready endpoint of the Service (externalTrafficPolicy: Local)';
+  }
+}
+
+function chooseAddresses(plan: Plan, nodes: NodeView[], ready: Record<Family, Set<string>> | undefined): void {
+  const eligible: Record<Family, NodeView[]> = { ipv4: [], ipv6: [] };
+  const tally: Record<Family, Map<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
+  for (const family of plan.families) {
+    for (const node of nodes) {
+      const why = exclusion(node, plan, family, ready);
+      if (why) tally[family].set(why, (tally[family].get(why) ?? 0) + 1);
+      else eligible[family].push(node);
+    }
+  }
+  const explain = (family: Family) => {
+    if (nodes.length === 0) return 'the cluster has no nodes';
+    const parts = EXCLUSIONS.filter((w) => tally[family].has(w)).map((w) => `${tally[family].get(w)} ${describeExclusion(w, family, plan)}`);
+    return `of ${nodes.length} ${plural(nodes.length, 'node')}: ${parts.join(', ')}`;
+  };
+
+  const chosen = new Map<string, Address>();
+  if (plan.requested.length > 0) {
+    // The Service asked for addresses: serve those pier can, and say which it cannot.
+    for (const raw of plan.requested) {
+      const addr = parseAddress(raw);
+      if (!addr) {
+        plan.addressCauses.push({ reason: REASONS.addressUnavailable, message: `spec.loadBalancerIP ${JSON.stringify(raw)} is not an IP address` });
+      } else if (!plan.families.includes(addr.family)) {
+        plan.addressCauses.push({
+          reason: REASONS.addressUnavailable,
+          message: `spec.loadBalancerIP ${addr.text} is ${FAMILY_NAME[addr.family]}, but the Service's ipFamilies are ${plan.families.map((f) => FAMILY_NAME[f]).join(', ')}`,
+        });
+      } else if (eligible[addr.family].some((n) => n.all[addr.family].has(addr.text))) {
+        chosen.set(addr.text, addr);
+      } else {
+        const owners = nodes.filter((n) => n.all[addr.family].has(addr.text));
+        const why = owners.length === 0
+          ? 'no node has this address'
+          : owners.map((n) => `node ${n.name} has it, but ${explainNode(n, exclusion(n, plan, addr.family, ready)!, addr.family, plan)}`).join('; ');
+        plan.addressCauses.push({ reason: REASONS.addressUnavailable, message: `spec.loadBalancerIP ${addr.text} cannot be served: ${why}` });
+      }
+    }
+  } else {
+    for (const family of plan.families) {
+      for (const node of eligible[family]) {
+        const addr = node.chosen[family]!;
+        chosen.set(addr.text, addr);
+      }
+      if (eligible[family].length === 0) {
+        plan.addressCauses.push({ reason: REASONS.noEligibleNodes, message: `no node can serve ${FAMILY_NAME[family]} in pool ${JSON.stringify(plan.pool)}, ${explain(family)}` });
+      }
+    }
+  }
+  // Families in ipFamilies order, numeric within a family.
+  plan.addresses = [...chosen.values()].sort((a, b) => plan.families.indexOf(a.family) - plan.families.indexOf(b.family) || compareAddresses(a, b));
+}
+
+// ---------------------------------------------------------------------------
+// External ports
+
+function assignExternalPorts(plans: Plan[], nodePorts: NodePorts, config: AllocatorConfig): void {
+  const active = plans.filter((p) => !p.blocked);
+  for (const plan of plans) plan.external = plan.ports.map((sp) => (sp.error || plan.allocateMode || plan.blocked ? undefined : sp.port));
+
+  // The oldest service-mode Service per PROTO/port: an allocated port must not sit on one of those.
+  const serviceMode = new Map<string, number>();
+  for (const plan of active) {
+    if (plan.allocateMode) continue;
+    for (const sp of plan.ports) {
+      const k = `${sp.protocol}/${sp.port}`;
+      if (!sp.error && !serviceMode.has(k)) serviceMode.set(k, plan.rank);
+    }
+  }
+
+  const range = clampRange(config.allocateRange);
+  const reserved = (port: number) => isReserved(port, config.reservedPorts);
+  const usable = (port: number) => port >= range.from && port <= range.to && !nodePorts.numbers.has(port) && !reserved(port);
+  const taken = new Set<string>();
+  const allocating = active.filter((p) => p.allocateMode);
+
+  // First what Services remember, oldest first, so an older claim on a
+  // remembered port wins over a younger one however the input is ordered.
+  for (const plan of allocating) {
+    for (const sp of plan.ports) {
+      if (sp.error) continue;
+      const keep = plan.remembered[sp.index]!.find((port) => {
+        const k = `${sp.protocol}/${port}`;
+        const olderServiceMode = (serviceMode.get(k) ?? Infinity) < plan.rank;
+        return usable(port) && !taken.has(k) && !olderServiceMode;
+      });
+      if (keep === undefined) continue;
+      plan.external[sp.index] = keep;
+      taken.add(`${sp.protocol}/${keep}`);
+    }
+  }
+
+  // Then draw, lowest free first, for what remembers nothing valid. Draws
+  // avoid every service-mode port too, so they never start a conflict.
+  const cursor = new Map<string, number>();
+  for (const plan of allocating) {
+    for (const sp of plan.ports) {
+      if (sp.error || plan.external[sp.index] !== undefined) continue;
+      // Availability only shrinks while drawing, so the search can resume where it stopped.
+      let port = cursor.get(sp.protocol) ?? range.from;
+      while (port <= range.to && (!usable(port) || taken.has(`${sp.protocol}/${port}`) || serviceMode.has(`${sp.protocol}/${port}`))) port++;
+      cursor.set(sp.protocol, port);
+      if (port > range.to) continue;
+      plan.external[sp.index] = port;
+      taken.add(`${sp.protocol}/${port}`);
+    }
+  }
+}
+
+function clampRange(r: PortRange): PortRange {
+  const from = Math.max(1, Number.isInteger(r?.from) ? r.from : 1);
+  const to = Math.min(65535, Number.isInteger(r?.to) ? r.to : 0);
+  return { from, to };
+}
+
+function isReserved(port: number, reserved: readonly PortRange[]): boolean {
+  return (reserved ?? []).some((r) => port >= r.from && port <= r.to);
+}
+
+// ---------------------------------------------------------------------------
+// Claims and conflicts
+
+/**
+ * Why each port is not served. Everything but a claim conflict holds on
+ * every address alone, so only ports that two claimants share are looked at
+ * address by address: that keeps a cluster of thousands of Services on
+ * hundreds of nodes from costing a map entry per (address, port).
+ */
+function resolveClaims(plans: Plan[], nodePorts: NodePorts, config: AllocatorConfig): void {
+  const claims = new Map<string, { plan: Plan; index: number }[]>();
+  for (const plan of plans) {
+    if (plan.blocked) continue;
+    for (const sp of plan.ports) {
+      const ext = plan.external[sp.index];
+      if (sp.error) {
+        plan.portErrors.set(sp.index, { reason: sp.error, detail: sp.error === REASONS.invalidPort ? 'the spec port is not in 1-65535' : `protocol ${JSON.stringify(sp.protocol)} is not TCP, UDP or SCTP` });
+        continue;
+      }
+      if (ext === undefined) {
+        const r = config.allocateRange;
+        plan.portErrors.set(sp.index, { reason: REASONS.portRangeExhausted, detail: `no free ${sp.protocol} port is left in the allocation range ${r?.from}-${r?.to}` });
+        continue;
+      }
+      if (isReserved(ext, config.reservedPorts)) {
+        plan.portErrors.set(sp.index, { reason: REASONS.portReserved, detail: `${ext} is reserved for the node itself` });
+        continue;
+      }
+      // A port's own NodePort leads to the same endpoints; any other NodePort does not.
+      const nodePortOwners = (nodePorts.owners.get(`${sp.protocol}/${ext}`) ?? []).filter((o) => o !== `${plan.key}#${sp.index}`);
+      if (nodePortOwners.length > 0) {
+        const names = [...new Set(nodePortOwners.map((o) => o.slice(0, o.lastIndexOf('#'))))].map((o) => (o === plan.key ? 'another port of this Service' : o));
+        plan.portErrors.set(sp.index, { reason: REASONS.portConflict, detail: `${ext}/${sp.protocol} is a NodePort of ${names.join(', ')} on every node` });
+        continue;
+      }
+      if (plan.addresses.length === 0) continue;
+      const k = `${sp.protocol}/${ext}`;
+      const list = claims.get(k) ?? [];
+      list.push({ plan, index: sp.index });
+      claims.set(k, list);
+    }
+  }
+  // The oldest Service keeps an (address, protocol, port); the rest are told who has it.
+  for (const list of claims.values()) {
+    if (list.length < 2) continue;
+    list.sort((a, b) => a.plan.rank - b.plan.rank || a.index - b.index);
+    const holders = new Map<string, { plan: Plan; index: number }>();
+    for (const claim of list) {
+      for (const addr of claim.plan.addresses) {
+        const winner = holders.get(addr.text);
+        if (!winner) {
+          holders.set(addr.text, claim);
+          continue;
+        }
+        const holder = winner.plan === claim.plan ? `port ${portLabel(claim.plan.ports[winner.index]!)} of this Service` : `${winner.plan.key}, which is older`;
+        let conflicts = claim.plan.conflicts.get(claim.index);
+        if (!conflicts) claim.plan.conflicts.set(claim.index, (conflicts = new Map()));
+        conflicts.set(addr.text, { reason: REASONS.portConflict, detail: `held by ${holder}` });
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Results
+
+function portLabel(sp: SpecPort): string {
+  return `${sp.port}/${sp.protocol}${sp.name ? ` (${sp.name})` : ''}`;
+}
+
+function result(plan: Plan): ServiceAllocation {
+  if (plan.blocked) {
+    return { ingress: [], condition: { status: 'False', ...plan.blocked }, problems: dedupe([...plan.warnings, plan.blocked]) };
+  }
+  let served = 0;
+  const errorAt = (sp: SpecPort, addr: string) => plan.portErrors.get(sp.index) ?? plan.conflicts.get(sp.index)?.get(addr);
+  const ingress: IngressAssignment[] = plan.addresses.map((addr) => ({
+    ip: addr.text,
+    ipMode: 'Proxy',
+    ports: plan.ports.map((sp) => {
+      const err = errorAt(sp, addr.text);
+      const out: PortAssignment = { port: plan.external[sp.index] ?? sp.port, protocol: sp.protocol };
+      if (err) out.error = err.reason;
+      else served++;
+      return out;
+    }),
+  }));
+
+  // One cause per spec port and reason, naming the addresses it applies to.
+  const portCauses: Problem[] = [];
+  for (const sp of plan.ports) {
+    const ext = plan.external[sp.index];
+    const label = plan.allocateMode && ext !== undefined ? `${portLabel(sp)} -> ${ext}` : portLabel(sp);
+    const cause = (err: PortError, addresses: string[]) => portCauses.push({ reason: err.reason, message: `port ${label} is not served on ${list(addresses)}: ${err.detail}` });
+    const everywhere = plan.portErrors.get(sp.index);
+    if (everywhere) {
+      if (plan.addresses.length > 0) cause(everywhere, plan.addresses.map((a) => a.text));
+      continue;
+    }
+    const byDetail = new Map<string, { err: PortError; addresses: string[] }>();
+    for (const [addr, err] of plan.conflicts.get(sp.index) ?? []) {
+      const k = `${err.reason}\0${err.detail}`;
+      const entry = byDetail.get(k) ?? { err, addresses: [] };
+      entry.addresses.push(addr);
+      byDetail.set(k, entry);
+    }
+    for (const { err, addresses } of byDetail.values()) cause(err, addresses);
+  }
+
+  const causes = [...plan.addressCauses, ...portCauses];
+  let condition: ReadyCondition;
+  if (causes.length === 0) {
+    const ports = plan.ports.map((sp) => (plan.allocateMode ? `${plan.external[sp.index]}/${sp.protocol} -> ${sp.port}` : `${sp.port}/${sp.protocol}`));
+    condition = { status: 'True', reason: REASONS.serving, message: clip(`served on ${list(ingress.map((i) => i.ip))}, ${plural(ports.length, 'port')} ${list(ports)}`) };
+  } else {
+    // When nothing is served, the first cause is why: addresses before ports.
+    const reason = served > 0 ? REASONS.partiallyServed : ingress.length === 0 ? causes[0]!.reason : (portCauses[0] ?? causes[0]!).reason;
+    const prefix = served > 0 ? `served on ${list(ingress.map((i) => i.ip))} except: ` : '';
+    condition = { status: 'False', reason, message: clip(prefix + causes.map((c) => c.message).join('; ')) };
+  }
+
+  const out: ServiceAllocation = { ingress, condition, problems: dedupe([...plan.warnings, ...causes]) };
+  if (plan.allocateMode) {
+    const mapping: Record<string, number> = {};
+    for (const sp of plan.ports) {
+      const ext = plan.external[sp.index];
+      if (ext !== undefined && !sp.error) mapping[mappingKey(sp)] = ext;
+    }
+    out.portMapping = JSON.stringify(mapping);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// The function
+
+export function allocate(input: AllocateInput): Allocation {
+  const config = input.config;
+  // One object per name, whatever the caller passed: the most recent by resourceVersion would be
+  // a guess, the smallest serialisation is at least independent of order.
+  const services = uniqueBy(input.services ?? [], serviceKey);
+  const nodes = readNodes(input);
+  const ready = readyNodes(input.slices);
+  const nodePorts = readNodePorts(services);
+
+  const invalid = new Map<string, ServiceAllocation>();
+  const read: Omit<Plan, 'rank'>[] = [];
+  for (const svc of services) {
+    if (!safely(() => isPierService(svc, config), false)) continue;
+    try {
+      read.push(readService(svc, config));
+    } catch (err) {
+      const problem = { reason: REASONS.invalidService, message: `cannot read the Service: ${safely(() => String((err as Error)?.message ?? err), 'unknown error')}` };
+      invalid.set(safely(() => serviceKey(svc), '/'), { ingress: [], condition: { status: 'False', ...problem }, problems: [problem] });
+    }
+  }
+  const plans: Plan[] = read
+    .sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : compareText(a.key, b.key)))
+    .map((p, rank) => ({ ...p, rank }));
+
+  for (const plan of plans) if (!plan.blocked) chooseAddresses(plan, nodes, ready.get(plan.key));
+  assignExternalPorts(plans, nodePorts, config);
+  resolveClaims(plans, nodePorts, config);
+
+  const byKey = new Map<string, ServiceAllocation>(invalid);
+  for (const plan of plans) byKey.set(plan.key, result(plan));
+  return { services: new Map([...byKey].sort(([a], [b]) => compareText(a, b))) };
+}
+
+// ---------------------------------------------------------------------------
+// Small helpers
+
+function isPort(p: unknown): p is number {
+  return typeof p === 'number' && Number.isInteger(p) && p >= 1 && p <= 65535;
+}
+
+function timestamp(t: unknown): number {
+  if (t === undefined || t === null) return Number.POSITIVE_INFINITY;
+  const ms = new Date(t as string | Date).getTime();
+  return Number.isNaN(ms) ? Number.POSITIVE_INFINITY : ms;
+}
+
+function compareText(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+function safely<T>(read: () => T, fallback: T): T {
+  try {
+    return read();
+  } catch {
+    return fallback;
+  }
+}
+
+function uniqueBy<T>(items: readonly T[], keyOf: (item: T) => string): T[] {
+  const chosen = new Map<string, { item: T; text: string }>();
+  for (const item of items) {
+    const key = safely(() => keyOf(item), '');
+    const text = safely(() => JSON.stringify(item) ?? '', '');
+    const prev = chosen.get(key);
+    if (!prev || text < prev.text) chosen.set(key, { item, text });
+  }
+  return [...chosen.values()].map((c) => c.item);
+}
+
+function dedupe(problems: Problem[]): Problem[] {
+  const seen = new Set<string>();
+  return problems.filter((p) => {
+    const k = `${p.reason}\0${p.message}`;
+    if (seen.has(k)) return false;
+    seen.add(k);
+    return true;
+  });
+}
+
+function plural(n: number, word: string): string {
+  return n === 1 ? word : `${word}s`;
+}
+
+/** Conditions hold 32768 characters; a person reads far fewer. */
+const MAX_MESSAGE = 4096;
+function clip(text: string): string {
+  return text.length <= MAX_MESSAGE ? text : `${text.slice(0, MAX_MESSAGE - 1)}…`;
+}
+
+/** A readable list that stays short for Services with a hundred ports. */
+function list(items: string[], max = 6): string {
+  if (items.length <= max) return items.join(', ');
+  return `${items.slice(0, max).join(', ')} and ${items.length - max} more`;
+}

@@ -1,0 +1,872 @@
+// The controller's allocation as a pure function: generated clusters checked
+// against properties (and against a small independent oracle for which nodes
+// may serve a Service), then readable examples of each rule.
+import type { V1EndpointSlice, V1Lease, V1Node, V1Service } from '@kubernetes/client-node';
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+
+import {
+  DEFAULT_RESERVED_PORTS,
+  PORT_MAPPING_ANNOTATION,
+  allocate,
+  defaultAllocatorConfig,
+  type AllocateInput,
+  type Allocation,
+  type AllocatorConfig,
+  type ServiceAllocation,
+} from '../../controller/allocate.ts';
+import { LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, PORT_MODE, POOL } from '../../lib/contract.ts';
+
+const CLASS = 'pier.dev/lb';
+const NS = 'pier-system';
+const NOW = Date.parse('2025-06-01T12:00:00Z');
+const BASE = Date.parse('2025-01-01T00:00:00Z');
+const EXCLUDE = 'node.kubernetes.io/exclude-from-external-load-balancers';
+
+// ---------------------------------------------------------------------------
+// Builders
+
+interface NodeSpec {
+  name: string;
+  /** In the order the kubelet would list them. */
+  addresses: { type: 'InternalIP' | 'ExternalIP'; address: string }[];
+  ready: boolean;
+  excluded: boolean;
+  pool: string | undefined;
+  lease: 'fresh' | 'stale' | 'missing';
+  forward: { ipv4: boolean; ipv6: boolean };
+}
+
+function nodeObject(n: NodeSpec): V1Node {
+  return {
+    metadata: { name: n.name, labels: { 'kubernetes.io/hostname': n.name, ...(n.excluded ? { [EXCLUDE]: '' } : {}), ...(n.pool !== undefined ? { [POOL]: n.pool } : {}) } },
+    status: {
+      addresses: [...n.addresses, { type: 'Hostname', address: n.name }],
+      conditions: [{ type: 'Ready', status: n.ready ? 'True' : 'False' }],
+    },
+  };
+}
+
+function leaseObject(n: NodeSpec): V1Lease | undefined {
+  if (n.lease === 'missing') return undefined;
+  return {
+    metadata: {
+      name: `pier-agent-${n.name}`,
+      namespace: NS,
+      annotations: { [LEASE_FORWARDING_IPV4]: String(n.forward.ipv4), [LEASE_FORWARDING_IPV6]: String(n.forward.ipv6) },
+    },
+    spec: { holderIdentity: n.name, leaseDurationSeconds: 15, renewTime: new Date(n.lease === 'fresh' ? NOW - 5_000 : NOW - 60_000) as never },
+  };
+}
+
+interface PortSpec {
+  port: number;
+  protocol: 'TCP' | 'UDP' | 'SCTP';
+  nodePort?: number;
+  name?: string;
+}
+
+interface ServiceSpec {
+  namespace: string;
+  name: string;
+  type: string;
+  cls: string | undefined;
+  ports: PortSpec[];
+  families: string[] | undefined;
+  local: boolean;
+  pool: string | undefined;
+  mode: string | undefined;
+  lbIP: string | undefined;
+  created: number;
+  endpoints: { node: string; v6: boolean; ready: boolean | undefined }[];
+  /** Whatever a previous controller (or a person) left in the status. */
+  status: { ip: string; ports: { port: number; protocol: string; error?: string }[] }[];
+}
+
+function serviceObject(s: ServiceSpec): V1Service {
+  const annotations: Record<string, string> = {};
+  if (s.pool !== undefined) annotations[POOL] = s.pool;
+  if (s.mode !== undefined) annotations[PORT_MODE] = s.mode;
+  return {
+    metadata: { namespace: s.namespace, name: s.name, creationTimestamp: new Date(BASE + s.created * 1000), annotations },
+    spec: {
+      type: s.type,
+      ...(s.cls !== undefined ? { loadBalancerClass: s.cls } : {}),
+      ports: s.ports.map((p, i) => ({ name: p.name ?? `p${i}`, port: p.port, protocol: p.protocol, targetPort: p.port as never, ...(p.nodePort ? { nodePort: p.nodePort } : {}) })),
+      ...(s.families ? { ipFamilies: s.families } : {}),
+      externalTrafficPolicy: s.local ? 'Local' : 'Cluster',
+      ...(s.lbIP !== undefined ? { loadBalancerIP: s.lbIP } : {}),
+    },
+    status: { loadBalancer: { ingress: s.status.map((i) => ({ ip: i.ip, ipMode: 'Proxy', ports: i.ports })) } },
+  };
+}
+
+function sliceObjects(s: ServiceSpec): V1EndpointSlice[] {
+  return (['IPv4', 'IPv6'] as const).map((addressType) => ({
+    addressType,
+    metadata: { namespace: s.namespace, name: `${s.name}-${addressType.toLowerCase()}`, labels: { 'kubernetes.io/service-name': s.name } },
+    endpoints: s.endpoints
+      .filter((e) => e.v6 === (addressType === 'IPv6'))
+      .map((e, i) => ({ addresses: [e.v6 ? `2001:db8:99::${i + 1}` : `203.0.113.${i + 1}`], nodeName: e.node, conditions: e.ready === undefined ? {} : { ready: e.ready } })),
+    ports: s.ports.map((p, i) => ({ name: p.name ?? `p${i}`, port: p.port, protocol: p.protocol })),
+  }));
+}
+
+interface World {
+  nodes: NodeSpec[];
+  services: ServiceSpec[];
+  config: AllocatorConfig;
+}
+
+function input(w: World, services: V1Service[] = w.services.map(serviceObject)): AllocateInput {
+  return {
+    services,
+    nodes: w.nodes.map(nodeObject),
+    slices: w.services.flatMap(sliceObjects),
+    leases: w.nodes.map(leaseObject).filter((l): l is V1Lease => l !== undefined),
+    now: NOW,
+    config: w.config,
+  };
+}
+
+/** The Services as the writer would leave them: status and mapping annotation set from the allocation. */
+function feedBack(services: V1Service[], allocation: Allocation, annotations = true): V1Service[] {
+  return services.map((svc) => {
+    const a = allocation.services.get(`${svc.metadata!.namespace}/${svc.metadata!.name}`);
+    if (!a) return svc;
+    const out = structuredClone(svc);
+    out.status = {
+      loadBalancer: { ingress: a.ingress.map((i) => ({ ip: i.ip, ipMode: i.ipMode, ports: i.ports.map((p) => ({ ...p })) })) },
+      conditions: [{ type: 'pier.dev/Ready', ...a.condition, lastTransitionTime: new Date(NOW) }],
+    };
+    const ann = { ...out.metadata!.annotations };
+    delete ann[PORT_MAPPING_ANNOTATION];
+    if (annotations && a.portMapping !== undefined) ann[PORT_MAPPING_ANNOTATION] = a.portMapping;
+    out.metadata!.annotations = ann;
+    return out;
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Generators
+
+const NODE_NAMES = ['n0', 'n1', 'n2', 'n3', 'n4'];
+
+/** `arb` `percent` of the time, else undefined. */
+const maybe = <T,>(arb: fc.Arbitrary<T>, percent: number): fc.Arbitrary<T | undefined> =>
+  fc.oneof({ arbitrary: arb, weight: percent }, { arbitrary: fc.constant(undefined), weight: 100 - percent });
+
+const nodeArb = (name: string) =>
+  fc
+    .record({
+      internal4: maybe(fc.integer({ min: 1, max: 6 }), 85),
+      external4: maybe(fc.integer({ min: 1, max: 12 }), 30),
+      internal6: maybe(fc.integer({ min: 1, max: 12 }), 50),
+      external6: maybe(fc.integer({ min: 1, max: 12 }), 20),
+      externalFirst: fc.boolean(),
+      // Each way of being ineligible is rare on its own, so that most clusters serve something.
+      notReady: fc.integer({ min: 0, max: 9 }),
+      excluded: fc.integer({ min: 0, max: 11 }),
+      pool: fc.oneof({ arbitrary: fc.constant(undefined), weight: 14 }, { arbitrary: fc.constantFrom('a', 'a', 'a', 'a', 'b', ''), weight: 6 }),
+      lease: fc.constantFrom('fresh', 'fresh', 'fresh', 'fresh', 'fresh', 'fresh', 'fresh', 'stale', 'missing') as fc.Arbitrary<NodeSpec['lease']>,
+      fwd4: fc.integer({ min: 0, max: 9 }),
+      fwd6: fc.integer({ min: 0, max: 5 }),
+    })
+    .map((r): NodeSpec => {
+      const internal: NodeSpec['addresses'] = [];
+      const external: NodeSpec['addresses'] = [];
+      if (r.internal4 !== undefined) internal.push({ type: 'InternalIP', address: `192.0.2.${r.internal4}` });
+      if (r.internal6 !== undefined) internal.push({ type: 'InternalIP', address: `2001:db8::${r.internal6.toString(16)}` });
+      if (r.external4 !== undefined) external.push({ type: 'ExternalIP', address: `198.51.100.${r.external4}` });
+      if (r.external6 !== undefined) external.push({ type: 'ExternalIP', address: `2001:db8:1:0::${r.external6.toString(16)}` });
+      return {
+        name,
+        addresses: r.externalFirst ? [...external, ...internal] : [...internal, ...external],
+        ready: r.notReady !== 0,
+        excluded: r.excluded === 0,
+        pool: r.pool,
+        lease: r.lease,
+        forward: { ipv4: r.fwd4 !== 0, ipv6: r.fwd6 !== 0 },
+      };
+    });
+
+const portArb: fc.Arbitrary<PortSpec> = fc.record({
+  // Few values, so that Services collide; some reserved, some inside the allocation range, one a NodePort.
+  port: fc.constantFrom(80, 22, 53, 80, 443, 80, 6443, 8080, 40000, 40001, 40002, 31000),
+  protocol: fc.constantFrom('TCP', 'TCP', 'UDP', 'SCTP') as fc.Arbitrary<PortSpec['protocol']>,
+  nodePort: maybe(fc.constantFrom(31000, 30080, 40000, 40001, 40003), 30),
+});
+
+const statusArb = fc.array(
+  fc.record({
+    ip: fc.constantFrom('192.0.2.1', '192.0.2.2', '198.51.100.3', '2001:db8::1', '203.0.113.200'),
+    // Mostly ports the allocation range could hold, so that remembering them matters.
+    ports: fc.array(fc.record({ port: fc.integer({ min: 39999, max: 40004 }), protocol: fc.constantFrom('TCP', 'TCP', 'TCP', 'UDP', 'SCTP') }), { maxLength: 4 }),
+  }),
+  { maxLength: 3 },
+);
+
+const serviceArb: fc.Arbitrary<ServiceSpec> = fc.record({
+  namespace: fc.constantFrom('ns1', 'ns2'),
+  name: fc.constantFrom('a', 'b', 'c', 'd', 'e', 'f', 'g'),
+  type: fc.constantFrom('LoadBalancer', 'LoadBalancer', 'LoadBalancer', 'LoadBalancer', 'LoadBalancer', 'LoadBalancer', 'NodePort', 'ClusterIP'),
+  cls: fc.constantFrom(CLASS, CLASS, CLASS, CLASS, CLASS, undefined, 'other.example/lb'),
+  // Unique by port and protocol, as the API server requires.
+  ports: fc.oneof(
+    { arbitrary: fc.uniqueArray(portArb, { selector: (p) => `${p.port}/${p.protocol}`, minLength: 1, maxLength: 4 }), weight: 19 },
+    { arbitrary: fc.constant<PortSpec[]>([]), weight: 1 },
+  ),
+  families: fc.constantFrom(undefined, ['IPv4'], ['IPv4'], ['IPv6'], ['IPv4', 'IPv6'], ['IPv6', 'IPv4']),
+  local: fc.oneof({ arbitrary: fc.constant(false), weight: 3 }, { arbitrary: fc.constant(true), weight: 1 }),
+  pool: fc.oneof({ arbitrary: fc.constant(undefined), weight: 9 }, { arbitrary: fc.constantFrom('a', 'a', 'b'), weight: 1 }),
+  mode: fc.constantFrom(undefined, undefined, 'service', 'allocate', 'allocate', 'Allocate!'),
+  lbIP: maybe(fc.constantFrom('192.0.2.1', '192.0.2.2', '192.0.2.3', '198.51.100.1', '2001:db8::1', '2001:db8:0::2', '203.0.113.99', 'not-an-ip'), 10),
+  created: fc.integer({ min: 0, max: 4 }),
+  endpoints: fc.array(fc.record({ node: fc.constantFrom(...NODE_NAMES, 'gone'), v6: fc.boolean(), ready: fc.constantFrom(true, true, false, undefined) }), { maxLength: 6 }),
+  status: statusArb,
+});
+
+const configArb: fc.Arbitrary<AllocatorConfig> = fc.record({
+  defaultClass: fc.boolean(),
+  size: fc.integer({ min: 0, max: 8 }),
+  reserveOne: fc.boolean(),
+}).map(({ defaultClass, size, reserveOne }) =>
+  defaultAllocatorConfig({
+    defaultClass,
+    // Small, and overlapping the generated NodePorts, so exhaustion and avoidance both happen.
+    allocateRange: { from: 40000, to: 40000 + size },
+    reservedPorts: reserveOne ? [...DEFAULT_RESERVED_PORTS, { from: 40002, to: 40002 }] : DEFAULT_RESERVED_PORTS,
+  }),
+);
+
+/** Unique Service names, and NodePorts unique across Services (both as the API server enforces). */
+function apiValid(services: ServiceSpec[]): ServiceSpec[] {
+  const seen = new Set<string>();
+  const nodePorts = new Set<number>();
+  const out: ServiceSpec[] = [];
+  for (const s of services) {
+    const key = `${s.namespace}/${s.name}`;
+    if (seen.has(key)) continue;
+    seen.add(key);
+    const ports = s.ports.map((p) => {
+      if (p.nodePort === undefined) return p;
+      if (s.type === 'ClusterIP' || nodePorts.has(p.nodePort)) return { ...p, nodePort: undefined };
+      nodePorts.add(p.nodePort);
+      return p;
+    });
+    out.push({ ...s, ports });
+  }
+  return out;
+}
+
+const worldArb: fc.Arbitrary<World> = fc.record({
+  nodeCount: fc.constantFrom(3, 2, 4, 5, 1, 3, 2, 4, 5, 0),
+  nodes: fc.tuple(...NODE_NAMES.map(nodeArb)),
+  services: fc.array(serviceArb, { minLength: 1, maxLength: 7 }),
+  config: configArb,
+}).map(({ nodeCount, nodes, services, config }) => ({ nodes: nodes.slice(0, nodeCount), services: apiValid(services), config }));
+
+// ---------------------------------------------------------------------------
+// An independent reading of the rules, for properties to compare against
+
+type Fam = 'ipv4' | 'ipv6';
+const famOf = (ip: string): Fam => (ip.includes(':') ? 'ipv6' : 'ipv4');
+
+function isPier(s: ServiceSpec, config: AllocatorConfig): boolean {
+  return s.type === 'LoadBalancer' && (s.cls === CLASS || (s.cls === undefined && config.defaultClass));
+}
+
+function familiesOf(s: ServiceSpec): Fam[] {
+  return (s.families ?? ['IPv4']).map((f) => (f === 'IPv6' ? 'ipv6' : 'ipv4'));
+}
+
+function eligible(n: NodeSpec, s: ServiceSpec, family: Fam, config: AllocatorConfig): boolean {
+  const pool = n.pool || config.defaultPool;
+  const want = s.pool || config.defaultPool;
+  if (pool !== want || !n.ready || n.excluded || n.lease !== 'fresh' || !n.forward[family]) return false;
+  if (s.local && !s.endpoints.some((e) => e.node === n.name && e.v6 === (family === 'ipv6') && e.ready !== false)) return false;
+  return true;
+}
+
+function chosenAddress(n: NodeSpec, family: Fam): string | undefined {
+  const of = (type: string) => n.addresses.find((a) => a.type === type && famOf(a.address) === family)?.address;
+  const a = of('ExternalIP') ?? of('InternalIP');
+  return a === undefined ? undefined : canonical(a);
+}
+
+/** The WHATWG URL parser prints IPv6 hosts in RFC 5952 form: an implementation independent of pier's. */
+function canonical(ip: string): string {
+  return ip.includes(':') ? new URL(`http://[${ip}]/`).hostname.slice(1, -1) : ip;
+}
+
+function expectedAddresses(w: World, s: ServiceSpec): Set<string> {
+  const out = new Set<string>();
+  for (const family of familiesOf(s)) {
+    for (const n of w.nodes) {
+      const a = chosenAddress(n, family);
+      if (a && eligible(n, s, family, w.config)) out.add(a);
+    }
+  }
+  return out;
+}
+
+const reserved = (port: number, config: AllocatorConfig) => config.reservedPorts.some((r) => port >= r.from && port <= r.to);
+
+const key = (s: ServiceSpec) => `${s.namespace}/${s.name}`;
+
+function rank(a: ServiceSpec, b: ServiceSpec): number {
+  return a.created - b.created || (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0);
+}
+
+function mappingOf(a: ServiceAllocation | undefined): Record<string, number> {
+  return a?.portMapping === undefined ? {} : (JSON.parse(a.portMapping) as Record<string, number>);
+}
+
+function shuffled<T>(items: T[], seed: number[]): T[] {
+  return items
+    .map((item, i) => ({ item, k: seed[i % Math.max(seed.length, 1)] ?? 0, i }))
+    .sort((a, b) => a.k - b.k || a.i - b.i)
+    .map((x) => x.item);
+}
+
+const RUNS = { numRuns: 400 };
+
+// ---------------------------------------------------------------------------
+// Properties
+
+describe('allocate: properties over generated clusters', () => {
+  it('never lets two Service ports serve one (address, protocol, port), a reserved port or another port\'s NodePort', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        const owner = new Map<string, string>();
+        for (const [k, svc] of a.services) {
+          for (const ing of svc.ingress) {
+            ing.ports.forEach((p, i) => {
+              if (p.error) return;
+              const frontend = `${ing.ip}|${p.protocol}|${p.port}`;
+              expect(owner.get(frontend), frontend).toBeUndefined();
+              owner.set(frontend, `${k}#${i}`);
+              expect(reserved(p.port, w.config)).toBe(false);
+              // Only a port's own NodePort may share its number and protocol.
+              const nodePortOwners = w.services.filter((o) => o.ports.some((op, j) => (key(o) !== k || j !== i) && op.nodePort === p.port && op.protocol === p.protocol));
+              expect(nodePortOwners).toEqual([]);
+            });
+          }
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('gives the oldest Service a contested port: whoever errs lost to an older claimant', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        const served = new Map<string, ServiceSpec>();
+        for (const [k, svc] of a.services) for (const ing of svc.ingress) for (const p of ing.ports) if (!p.error) served.set(`${ing.ip}|${p.protocol}|${p.port}`, w.services.find((s) => key(s) === k)!);
+        for (const [k, svc] of a.services) {
+          const me = w.services.find((s) => key(s) === k)!;
+          for (const ing of svc.ingress) {
+            for (const [i, p] of ing.ports.entries()) {
+              if (p.error !== 'PortConflict') continue;
+              // Either another Service's NodePort has it (and that Service may serve it too: the same
+              // backends either way), or an older Service (or an earlier port of this one) serves it.
+              const nodePort = w.services.some((o) => o.ports.some((op, j) => (o !== me || j !== i) && op.nodePort === p.port && op.protocol === p.protocol));
+              const holder = served.get(`${ing.ip}|${p.protocol}|${p.port}`);
+              if (!nodePort) expect(holder !== undefined && (holder === me || rank(holder, me) < 0)).toBe(true);
+            }
+          }
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('reports exactly pier\'s Services, with one port entry per spec port, in order, on every ingress', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        const pier = w.services.filter((s) => isPier(s, w.config)).map(key).sort();
+        expect([...a.services.keys()]).toEqual(pier);
+        for (const [k, svc] of a.services) {
+          const spec = w.services.find((s) => key(s) === k)!;
+          for (const ing of svc.ingress) {
+            expect(ing.ipMode).toBe('Proxy');
+            expect(ing.ports.map((p) => p.protocol)).toEqual(spec.ports.map((p) => p.protocol));
+          }
+          const allServed = svc.ingress.length > 0 && svc.ingress.every((i) => i.ports.length > 0 && i.ports.every((p) => !p.error));
+          // An asked-for address narrows the families; otherwise each family must be served somewhere.
+          const everyFamily = spec.lbIP !== undefined || familiesOf(spec).every((f) => svc.ingress.some((i) => famOf(i.ip) === f));
+          expect(svc.condition.status === 'True').toBe(allServed && everyFamily);
+          if (svc.condition.status === 'True') expect(svc.condition.reason).toBe('Serving');
+          expect(svc.condition.message.length).toBeGreaterThan(0);
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('advertises exactly the eligible nodes: Ready, not excluded, fresh agent forwarding the family, in the pool, and with a local endpoint under Local', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        for (const s of w.services) {
+          const svc = a.services.get(key(s));
+          if (!svc || s.ports.length === 0) continue;
+          const got = new Set(svc.ingress.map((i) => i.ip));
+          const expected = expectedAddresses(w, s);
+          if (s.lbIP === undefined) {
+            expect(got).toEqual(expected);
+          } else {
+            // Asked-for addresses: only those an eligible node has (any of its addresses).
+            const servable = s.lbIP !== 'not-an-ip' && familiesOf(s).includes(famOf(s.lbIP)) &&
+              w.nodes.some((n) => eligible(n, s, famOf(s.lbIP!), w.config) && n.addresses.some((x) => canonical(x.address) === canonical(s.lbIP!)));
+            expect([...got]).toEqual(servable ? [canonical(s.lbIP)] : []);
+            if (!servable) expect(svc.condition).toMatchObject({ status: 'False', reason: 'AddressUnavailable' });
+          }
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('orders ingress by the Service\'s ipFamilies, then numerically', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        for (const s of w.services) {
+          const svc = a.services.get(key(s));
+          if (!svc) continue;
+          const families = familiesOf(s);
+          const ips = svc.ingress.map((i) => i.ip);
+          for (const ip of ips) expect(families).toContain(famOf(ip));
+          const sorted = [...ips].sort((x, y) => families.indexOf(famOf(x)) - families.indexOf(famOf(y)) || numeric(x, y));
+          expect(ips).toEqual(sorted);
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('marks every reserved service-mode port PortReserved on every address', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        for (const s of w.services) {
+          const svc = a.services.get(key(s));
+          if (!svc || s.mode === 'allocate') continue;
+          s.ports.forEach((p, i) => {
+            if (!reserved(p.port, w.config)) return;
+            for (const ing of svc.ingress) expect(ing.ports[i]).toEqual({ port: p.port, protocol: p.protocol, error: 'PortReserved' });
+          });
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('allocates external ports inside the range, off every NodePort and reserved port, unique per protocol, clear of older service-mode ports', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        const nodePorts = new Set(w.services.flatMap((s) => s.ports.map((p) => p.nodePort)).filter((p) => p !== undefined));
+        const used = new Map<string, string>();
+        for (const s of w.services) {
+          const svc = a.services.get(key(s));
+          if (!svc) continue;
+          if (s.mode !== 'allocate') {
+            expect(svc.portMapping).toBeUndefined();
+            continue;
+          }
+          if (s.ports.length === 0) continue;
+          const mapping = mappingOf(svc);
+          s.ports.forEach((p, i) => {
+            const ext = mapping[`${p.port}/${p.protocol}`];
+            for (const ing of svc.ingress) {
+              if (ext === undefined) expect(ing.ports[i]!.error).toBe('PortRangeExhausted');
+              else expect(ing.ports[i]!.port).toBe(ext);
+            }
+            if (ext === undefined) return;
+            expect(ext).toBeGreaterThanOrEqual(w.config.allocateRange.from);
+            expect(ext).toBeLessThanOrEqual(w.config.allocateRange.to);
+            expect(nodePorts.has(ext)).toBe(false);
+            expect(reserved(ext, w.config)).toBe(false);
+            const k = `${p.protocol}/${ext}`;
+            expect(used.get(k), k).toBeUndefined();
+            used.set(k, key(s));
+            const olderServiceMode = w.services.filter((o) => isPier(o, w.config) && o.mode !== 'allocate' && rank(o, s) < 0 && o.ports.some((op) => op.port === ext && op.protocol === p.protocol));
+            expect(olderServiceMode).toEqual([]);
+          });
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('does not depend on the order of its inputs', () => {
+    fc.assert(
+      fc.property(worldArb, fc.array(fc.integer(), { minLength: 1, maxLength: 12 }), (w, seed) => {
+        const i = input(w);
+        const shuffledInput: AllocateInput = {
+          ...i,
+          services: shuffled(i.services, seed),
+          nodes: shuffled(i.nodes, [...seed].reverse()),
+          slices: shuffled(i.slices, seed.map((x) => -x)),
+          leases: shuffled(i.leases, seed.map((x) => x * 7)),
+        };
+        expect([...allocate(shuffledInput).services]).toEqual([...allocate(i).services]);
+      }),
+      RUNS,
+    );
+  });
+
+  it('returns the same allocation when fed the statuses and annotations it produced (a restarted controller moves nothing)', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const services = w.services.map(serviceObject);
+        const first = allocate(input(w, services));
+        const restarted = feedBack(services, first);
+        const second = allocate(input(w, restarted));
+        expect([...second.services]).toEqual([...first.services]);
+        // And again, in reverse order, as a fresh informer cache might list them.
+        expect([...allocate(input(w, feedBack([...restarted].reverse(), second))).services]).toEqual([...first.services]);
+      }),
+      RUNS,
+    );
+  });
+
+  it('needs no annotation to stay put while every allocated port is in some ingress', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const services = w.services.map(serviceObject);
+        const first = allocate(input(w, services));
+        // Without ingress a status cannot say anything; that is what the annotation is for.
+        const statusCanHoldIt = [...first.services.values()].every((s) => s.ingress.length > 0 || Object.keys(mappingOf(s)).length === 0);
+        const second = allocate(input(w, feedBack(services, first, false)));
+        if (statusCanHoldIt) expect([...second.services]).toEqual([...first.services]);
+        else expect([...second.services.keys()]).toEqual([...first.services.keys()]);
+      }),
+      RUNS,
+    );
+  });
+
+  it('keeps allocated ports when another Service is deleted', () => {
+    fc.assert(
+      fc.property(worldArb, fc.nat(), (w, pick) => {
+        fc.pre(w.services.length > 1);
+        const services = feedBack(w.services.map(serviceObject), allocate(input(w)));
+        const before = allocate(input(w, services));
+        const gone = pick % services.length;
+        const after = allocate(input({ ...w, services: w.services.filter((_, i) => i !== gone) }, services.filter((_, i) => i !== gone)));
+        for (const [k, svc] of after.services) expect(mappingOf(svc)).toMatchObject(mappingOf(before.services.get(k)));
+      }),
+      RUNS,
+    );
+  });
+
+  it('changes nothing for existing Services when a younger one arrives', () => {
+    fc.assert(
+      fc.property(worldArb, serviceArb, (w, extra) => {
+        const services = feedBack(w.services.map(serviceObject), allocate(input(w)));
+        const before = allocate(input(w, services));
+        // Younger than everything, with no NodePorts (those would be the API server's choice, not a Service's).
+        const newcomer: ServiceSpec = { ...extra, namespace: 'ns-new', created: 100, ports: extra.ports.map((p) => ({ ...p, nodePort: undefined })), status: [] };
+        const w2 = { ...w, services: [...w.services, newcomer] };
+        const after = allocate(input(w2, [...services, serviceObject(newcomer)]));
+        for (const [k, svc] of before.services) expect(after.services.get(k)).toEqual(svc);
+      }),
+      RUNS,
+    );
+  });
+
+  it('never throws, and keeps its promises for the others, when one Service is malformed', () => {
+    const junk = fc.oneof(fc.anything(), fc.constant(null), fc.constant('x'), fc.constant(-1), fc.constant([{ port: 'x' }]));
+    const corruptions: ((svc: V1Service, v: unknown) => void)[] = [
+      (s, v) => ((s.spec as Record<string, unknown>).ports = v),
+      (s, v) => ((s.spec as Record<string, unknown>).ipFamilies = v),
+      (s, v) => ((s.metadata as Record<string, unknown>).annotations = v),
+      (s, v) => ((s.metadata as Record<string, unknown>).creationTimestamp = v),
+      (s, v) => ((s.spec as Record<string, unknown>).loadBalancerIP = v),
+      (s, v) => ((s.status as Record<string, unknown>).loadBalancer = v),
+      (s, v) => ((s.spec!.ports as unknown[])[0] = v),
+      (s) => Object.defineProperty(s.spec, 'ports', { get: () => { throw new Error('boom'); }, enumerable: false }),
+      (s) => Object.defineProperty(s, 'metadata', { get: () => { throw new Error('boom'); }, enumerable: false }),
+    ];
+    fc.assert(
+      fc.property(worldArb, fc.nat(), fc.nat({ max: corruptions.length - 1 }), junk, (w, pick, which, value) => {
+        fc.pre(w.services.length > 0);
+        const services = w.services.map(serviceObject);
+        const victim = pick % services.length;
+        corruptions[which]!(services[victim]!, value);
+        const a = allocate(input(w, services));
+        // Every other pier Service is still reported, with well-formed entries.
+        for (const [i, s] of w.services.entries()) {
+          if (i === victim || !isPier(s, w.config)) continue;
+          const svc = a.services.get(key(s))!;
+          expect(svc).toBeDefined();
+          for (const ing of svc.ingress) expect(ing.ports).toHaveLength(s.ports.length);
+        }
+      }),
+      { numRuns: 500 },
+    );
+  });
+
+  it('never throws, and still reports every pier Service, when a Node, Lease or EndpointSlice is malformed', () => {
+    const junk = fc.oneof(fc.anything(), fc.constant(null), fc.constant('x'), fc.constant([null]), fc.constant({ renewTime: 'soon' }));
+    const targets = ['nodes', 'leases', 'slices'] as const;
+    const fields = ['metadata', 'status', 'spec', 'endpoints', 'addressType', 'conditions'];
+    fc.assert(
+      fc.property(worldArb, fc.constantFrom(...targets), fc.nat(), fc.constantFrom(...fields), junk, fc.boolean(), (w, target, pick, field, value, throwing) => {
+        const i = input(w);
+        const list = i[target] as unknown as Record<string, unknown>[];
+        fc.pre(list.length > 0);
+        const victim = list[pick % list.length]!;
+        if (throwing) Object.defineProperty(victim, field, { get: () => { throw new Error('boom'); }, enumerable: false });
+        else victim[field] = value;
+        const a = allocate(i);
+        expect([...a.services.keys()]).toEqual(w.services.filter((s) => isPier(s, w.config)).map(key).sort());
+      }),
+      RUNS,
+    );
+  });
+});
+
+function numeric(x: string, y: string): number {
+  const value = (ip: string) => {
+    if (!ip.includes(':')) return ip.split('.').reduce((acc, o) => acc * 256n + BigInt(o), 0n);
+    const [head = '', tail = ''] = ip.split('::');
+    const h = head ? head.split(':') : [];
+    const t = tail ? tail.split(':') : [];
+    const words = ip.includes('::') ? [...h, ...Array(8 - h.length - t.length).fill('0'), ...t] : h;
+    return words.reduce((acc, w) => acc * 65536n + BigInt(parseInt(w, 16)), 0n);
+  };
+  const a = value(x);
+  const b = value(y);
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------
+// Examples
+
+function node(name: string, addresses: string[], extra: Partial<NodeSpec> = {}): NodeSpec {
+  return {
+    name,
+    addresses: addresses.map((a) => (a.startsWith('ext:') ? { type: 'ExternalIP', address: a.slice(4) } : { type: 'InternalIP', address: a })),
+    ready: true,
+    excluded: false,
+    pool: undefined,
+    lease: 'fresh',
+    forward: { ipv4: true, ipv6: true },
+    ...extra,
+  };
+}
+
+function svc(name: string, ports: PortSpec[], extra: Partial<ServiceSpec> = {}): ServiceSpec {
+  return {
+    namespace: 'default',
+    name,
+    type: 'LoadBalancer',
+    cls: CLASS,
+    ports,
+    families: undefined,
+    local: false,
+    pool: undefined,
+    mode: undefined,
+    lbIP: undefined,
+    created: 0,
+    endpoints: [],
+    status: [],
+    ...extra,
+  };
+}
+
+const tcp = (port: number, nodePort?: number): PortSpec => ({ port, protocol: 'TCP', ...(nodePort ? { nodePort } : {}) });
+const config = defaultAllocatorConfig();
+
+function run(nodes: NodeSpec[], services: ServiceSpec[], cfg: AllocatorConfig = config) {
+  return allocate(input({ nodes, services, config: cfg })).services;
+}
+
+describe('allocate: examples', () => {
+  it('serves a Service on every eligible node, preferring each node\'s ExternalIP', () => {
+    const out = run([node('n1', ['192.0.2.10', 'ext:198.51.100.10']), node('n2', ['192.0.2.2'])], [svc('web', [tcp(80), tcp(443)])]);
+    expect(out.get('default/web')).toEqual({
+      ingress: [
+        { ip: '192.0.2.2', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP' }, { port: 443, protocol: 'TCP' }] },
+        { ip: '198.51.100.10', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP' }, { port: 443, protocol: 'TCP' }] },
+      ],
+      condition: { status: 'True', reason: 'Serving', message: 'served on 192.0.2.2, 198.51.100.10, ports 80/TCP, 443/TCP' },
+      problems: [],
+    });
+  });
+
+  it('lets the oldest Service keep a contested port, then namespace/name', () => {
+    const nodes = [node('n1', ['192.0.2.10'])];
+    const out = run(nodes, [svc('young', [tcp(80), tcp(81)], { created: 5 }), svc('old', [tcp(80)], { created: 1 })]);
+    expect(out.get('default/old')!.condition.status).toBe('True');
+    expect(out.get('default/young')!.ingress[0]!.ports).toEqual([{ port: 80, protocol: 'TCP', error: 'PortConflict' }, { port: 81, protocol: 'TCP' }]);
+    expect(out.get('default/young')!.condition).toEqual({
+      status: 'False',
+      reason: 'PartiallyServed',
+      message: 'served on 192.0.2.10 except: port 80/TCP (p0) is not served on 192.0.2.10: held by default/old, which is older',
+    });
+    // Same creation time: namespace/name decides.
+    const tie = run(nodes, [svc('b', [tcp(80)]), svc('a', [tcp(80)])]);
+    expect(tie.get('default/a')!.condition.reason).toBe('Serving');
+    expect(tie.get('default/b')!.condition.reason).toBe('PortConflict');
+  });
+
+  it('does not serve a port that is another Service\'s NodePort: kube-proxy answers there on every node', () => {
+    const out = run([node('n1', ['192.0.2.10'])], [svc('web', [tcp(30080)]), svc('np', [tcp(8080, 30080)], { type: 'NodePort', cls: undefined, created: 9 })]);
+    expect(out.get('default/web')!.condition).toEqual({
+      status: 'False',
+      reason: 'PortConflict',
+      message: 'port 30080/TCP (p0) is not served on 192.0.2.10: 30080/TCP is a NodePort of default/np on every node',
+    });
+  });
+
+  it('does not see a conflict between TCP and UDP on one port, and serves SCTP', () => {
+    const out = run([node('n1', ['192.0.2.10'])], [
+      svc('dns-tcp', [tcp(53)]),
+      svc('dns-udp', [{ port: 53, protocol: 'UDP' }, { port: 53, protocol: 'SCTP' }], { created: 9 }),
+    ]);
+    expect(out.get('default/dns-tcp')!.condition.status).toBe('True');
+    expect(out.get('default/dns-udp')!.condition.status).toBe('True');
+  });
+
+  it('says why an IPv6-only Service gets nothing from IPv4-only nodes', () => {
+    const out = run([node('n1', ['192.0.2.10']), node('n2', ['192.0.2.11'])], [svc('v6', [tcp(80)], { families: ['IPv6'] })]);
+    expect(out.get('default/v6')).toMatchObject({
+      ingress: [],
+      condition: { status: 'False', reason: 'NoEligibleNodes', message: 'no node can serve IPv6 in pool "default", of 2 nodes: 2 without an IPv6 address' },
+    });
+  });
+
+  it('orders a dual-stack Service by its ipFamilies and reports the family it cannot serve', () => {
+    const nodes = [node('n1', ['192.0.2.10', '2001:db8::10']), node('n2', ['192.0.2.9', '2001:db8::9'], { forward: { ipv4: true, ipv6: false } })];
+    const out = run(nodes, [svc('both', [tcp(80)], { families: ['IPv6', 'IPv4'] })]);
+    expect(out.get('default/both')!.ingress.map((i) => i.ip)).toEqual(['2001:db8::10', '192.0.2.9', '192.0.2.10']);
+    const v6only = run([node('n1', ['192.0.2.10'])], [svc('both', [tcp(80)], { families: ['IPv4', 'IPv6'] })]).get('default/both')!;
+    expect(v6only.condition.reason).toBe('PartiallyServed');
+    expect(v6only.condition.message).toContain('no node can serve IPv6');
+  });
+
+  it('drops nodes that are not Ready, excluded, without a fresh agent, not forwarding, or in another pool', () => {
+    const nodes = [
+      node('ok', ['192.0.2.1']),
+      node('down', ['192.0.2.2'], { ready: false }),
+      node('excluded', ['192.0.2.3'], { excluded: true }),
+      node('stale', ['192.0.2.4'], { lease: 'stale' }),
+      node('agentless', ['192.0.2.5'], { lease: 'missing' }),
+      node('noforward', ['192.0.2.6'], { forward: { ipv4: false, ipv6: true } }),
+      node('elsewhere', ['192.0.2.7'], { pool: 'edge' }),
+    ];
+    expect(run(nodes, [svc('web', [tcp(80)])]).get('default/web')!.ingress.map((i) => i.ip)).toEqual(['192.0.2.1']);
+    expect(run(nodes, [svc('web', [tcp(80)], { pool: 'edge' })]).get('default/web')!.ingress.map((i) => i.ip)).toEqual(['192.0.2.7']);
+    const none = run(nodes.slice(1, 6), [svc('web', [tcp(80)])]).get('default/web')!;
+    expect(none.condition.message).toBe(
+      'no node can serve IPv4 in pool "default", of 5 nodes: 1 not Ready, 1 labelled node.kubernetes.io/exclude-from-external-load-balancers, 1 without a pier agent Lease, 1 whose pier agent Lease has expired, 1 whose pier agent cannot forward IPv4',
+    );
+  });
+
+  it('with externalTrafficPolicy Local, serves only on nodes with a ready endpoint', () => {
+    const nodes = [node('n1', ['192.0.2.1']), node('n2', ['192.0.2.2']), node('n3', ['192.0.2.3'])];
+    const local = svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'n2', v6: false, ready: true }, { node: 'n3', v6: false, ready: false }, { node: 'n1', v6: true, ready: true }] });
+    expect(run(nodes, [local]).get('default/web')!.ingress.map((i) => i.ip)).toEqual(['192.0.2.2']);
+  });
+
+  it('marks reserved ports, and tells a Service with no ports or too many', () => {
+    const nodes = [node('n1', ['192.0.2.1'])];
+    const out = run(nodes, [svc('ssh', [tcp(22), tcp(2222)]), svc('empty', []), svc('wide', Array.from({ length: 100 }, (_, i) => tcp(1000 + i)))]);
+    expect(out.get('default/ssh')!.ingress[0]!.ports).toEqual([{ port: 22, protocol: 'TCP', error: 'PortReserved' }, { port: 2222, protocol: 'TCP' }]);
+    expect(out.get('default/empty')).toMatchObject({ ingress: [], condition: { status: 'False', reason: 'NoPorts' } });
+    expect(out.get('default/wide')!.ingress[0]!.ports).toHaveLength(100);
+    expect(out.get('default/wide')!.condition).toMatchObject({ status: 'True', message: expect.stringContaining('and 94 more') });
+    const capped = run(nodes, [svc('wide', Array.from({ length: 100 }, (_, i) => tcp(1000 + i)))], { ...config, maxPortsPerService: 64 });
+    expect(capped.get('default/wide')).toMatchObject({ ingress: [], condition: { status: 'False', reason: 'TooManyPorts' } });
+  });
+
+  it('allocates ports from the range around NodePorts, and reuses what the status remembers', () => {
+    const nodes = [node('n1', ['192.0.2.1'])];
+    const cfg = { ...config, allocateRange: { from: 40000, to: 40010 } };
+    const seeds = [svc('nodeports', [tcp(9000, 40000)], { type: 'NodePort', cls: undefined }), svc('seed', [tcp(80), { port: 80, protocol: 'UDP' }], { mode: 'allocate' })];
+    const out = run(nodes, seeds, cfg).get('default/seed')!;
+    // 40000 is a NodePort (of any protocol, to keep it simple); TCP and UDP each have their own 40001.
+    expect(out.ingress[0]!.ports).toEqual([{ port: 40001, protocol: 'TCP' }, { port: 40001, protocol: 'UDP' }]);
+    expect(out.portMapping).toBe('{"80/TCP":40001,"80/UDP":40001}');
+    // A status from before (say, before a restart) holds 40007 for TCP 80: it stays.
+    const remembered = run(nodes, [seeds[0]!, { ...seeds[1]!, status: [{ ip: '192.0.2.1', ports: [{ port: 40007, protocol: 'TCP' }, { port: 40001, protocol: 'UDP' }] }] }], cfg);
+    expect(remembered.get('default/seed')!.portMapping).toBe('{"80/TCP":40007,"80/UDP":40001}');
+    // With no ingress to hold it, the annotation remembers.
+    const annotated = serviceObject(seeds[1]!);
+    annotated.metadata!.annotations![PORT_MAPPING_ANNOTATION] = '{"80/TCP":40009,"80/UDP":40003}';
+    const fromAnnotation = allocate({ ...input({ nodes: [], services: seeds, config: cfg }), services: [serviceObject(seeds[0]!), annotated] });
+    expect(fromAnnotation.services.get('default/seed')!.portMapping).toBe('{"80/TCP":40009,"80/UDP":40003}');
+  });
+
+  it('does not take the spec port an exhausted range leaves in the status for an allocation', () => {
+    const cfg = { ...config, allocateRange: { from: 40000, to: 40000 } };
+    const w: World = {
+      nodes: [node('n1', ['192.0.2.1'])],
+      // The range's only port is a younger Service's own port, which draws avoid.
+      services: [svc('seed', [tcp(40000)], { created: 1, mode: 'allocate' }), svc('plain', [tcp(40000)], { created: 2 })],
+      config: cfg,
+    };
+    const first = allocate(input(w));
+    expect(first.services.get('default/seed')!.ingress[0]!.ports).toEqual([{ port: 40000, protocol: 'TCP', error: 'PortRangeExhausted' }]);
+    const again = allocate(input(w, feedBack(w.services.map(serviceObject), first)));
+    expect([...again.services]).toEqual([...first.services]);
+  });
+
+  it('gives up a remembered allocated port that an older service-mode Service uses', () => {
+    const nodes = [node('n1', ['192.0.2.1'])];
+    const cfg = { ...config, allocateRange: { from: 40000, to: 40010 } };
+    const old = svc('old', [tcp(40004)], { created: 1 });
+    const seed = svc('seed', [tcp(80)], { created: 2, mode: 'allocate', status: [{ ip: '192.0.2.1', ports: [{ port: 40004, protocol: 'TCP' }] }] });
+    const out = run(nodes, [old, seed], cfg);
+    expect(out.get('default/old')!.condition.status).toBe('True');
+    expect(out.get('default/seed')!.portMapping).toBe('{"80/TCP":40000}');
+    // A younger service-mode Service is the one told about the conflict.
+    const young = run(nodes, [{ ...old, created: 3 }, seed], cfg);
+    expect(young.get('default/seed')!.portMapping).toBe('{"80/TCP":40004}');
+    expect(young.get('default/old')!.condition.reason).toBe('PortConflict');
+  });
+
+  it('serves the loadBalancerIP a Service asks for, and says when it cannot', () => {
+    const nodes = [node('n1', ['192.0.2.1', 'ext:198.51.100.1']), node('n2', ['192.0.2.2'])];
+    const internal = run(nodes, [svc('web', [tcp(80)], { lbIP: '192.0.2.1' })]).get('default/web')!;
+    expect(internal.ingress.map((i) => i.ip)).toEqual(['192.0.2.1']);
+    expect(internal.condition.status).toBe('True');
+    const elsewhere = run(nodes, [svc('web', [tcp(80)], { lbIP: '203.0.113.7' })]).get('default/web')!;
+    expect(elsewhere).toMatchObject({
+      ingress: [],
+      condition: { status: 'False', reason: 'AddressUnavailable', message: 'spec.loadBalancerIP 203.0.113.7 cannot be served: no node has this address' },
+    });
+    expect(elsewhere.problems.map((p) => p.reason)).toEqual(['AddressUnavailable']);
+    const down = run([{ ...nodes[1]!, lease: 'stale' }], [svc('web', [tcp(80)], { lbIP: '192.0.2.2' })]).get('default/web')!;
+    expect(down.condition.message).toBe('spec.loadBalancerIP 192.0.2.2 cannot be served: node n2 has it, but its pier agent Lease has expired');
+  });
+
+  it('treats an unknown port-mode as service, and says so', () => {
+    const out = run([node('n1', ['192.0.2.1'])], [svc('web', [tcp(80)], { mode: 'random' })]).get('default/web')!;
+    expect(out.condition.status).toBe('True');
+    expect(out.ingress[0]!.ports).toEqual([{ port: 80, protocol: 'TCP' }]);
+    expect(out.problems).toEqual([{ reason: 'InvalidPortMode', message: 'annotation pier.dev/port-mode="random" is neither "service" nor "allocate"; using "service" (external port = spec port)' }]);
+  });
+
+  it('leaves other classes alone, and takes unclassed Services only as the default', () => {
+    const services = [svc('mine', [tcp(80)]), svc('theirs', [tcp(81)], { cls: 'other.example/lb' }), svc('unclassed', [tcp(82)], { cls: undefined }), svc('internal', [tcp(83)], { type: 'ClusterIP' })];
+    expect([...run([], services).keys()]).toEqual(['default/mine']);
+    expect([...run([], services, { ...config, defaultClass: true }).keys()]).toEqual(['default/mine', 'default/unclassed']);
+  });
+
+  it('reports a Service it cannot read, and serves the rest', () => {
+    const w: World = { nodes: [node('n1', ['192.0.2.1'])], services: [svc('good', [tcp(80)]), svc('bad', [tcp(81)])], config };
+    const services = w.services.map(serviceObject);
+    Object.defineProperty(services[1]!.spec, 'ports', { get: () => { throw new Error('no ports today'); } });
+    const out = allocate(input(w, services)).services;
+    expect(out.get('default/good')!.condition.status).toBe('True');
+    expect(out.get('default/bad')!.condition).toEqual({ status: 'False', reason: 'InvalidService', message: 'cannot read the Service: no ports today' });
+  });
+});
