@@ -5,14 +5,15 @@ import { VERSION } from './version.ts';
 
 interface Command {
   summary: string;
-  /** Loads and runs the command; absent while the command is not built yet. */
-  run?: (argv: string[]) => Promise<number>;
-  /** The issue that builds it, named when a user asks for it too early. */
-  pending?: string;
+  /** Loads the command's module only when it runs, so `pier plan` never loads the controller. */
+  run: (argv: string[]) => Promise<number>;
 }
 
 const COMMANDS: Record<string, Command> = {
-  controller: { summary: 'assign node addresses and ports to LoadBalancer Services (cluster-wide, leader-elected)', pending: 'issue #4' },
+  controller: {
+    summary: 'assign node addresses and ports to LoadBalancer Services (cluster-wide, leader-elected)',
+    run: async (argv) => (await import('../controller/main.ts')).runController(argv),
+  },
   agent: {
     summary: "program this node's iptables for the Services assigned to it (DaemonSet, host network)",
     run: async (argv) => (await import('../agent/main.ts')).runAgent(argv),
@@ -33,9 +34,7 @@ const COMMANDS: Record<string, Command> = {
 
 export function usage(): string {
   const width = Math.max(...Object.keys(COMMANDS).map((c) => c.length));
-  const lines = Object.entries(COMMANDS).map(
-    ([name, c]) => `  ${name.padEnd(width)}  ${c.summary}${c.run ? '' : ' (not built yet)'}`,
-  );
+  const lines = Object.entries(COMMANDS).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`);
   return [
     `pier ${VERSION}: LoadBalancer Services for bare-metal and local Kubernetes`,
     '',
@@ -63,10 +62,6 @@ export async function main(argv: string[]): Promise<number> {
   if (!cmd) {
     process.stderr.write(`pier: unknown command ${JSON.stringify(name)}\n\n${usage()}`);
     return 2;
-  }
-  if (!cmd.run) {
-    process.stderr.write(`pier ${name}: not built yet (${cmd.pending}); nothing was done\n`);
-    return 3;
   }
   return cmd.run(rest);
 }

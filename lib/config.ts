@@ -112,9 +112,19 @@ export function parseConfig(
   for (const s of specs) {
     options[s.name] = { type: s.type === 'boolean' ? 'boolean' : 'string', multiple: s.type === 'list' };
   }
+  // Booleans also take `--name=false`, the spelling Kubernetes components use
+  // (`--leader-elect=false`), and `--no-name`; parseArgs knows only the latter.
+  const booleans = new Map(specs.filter((s) => s.type === 'boolean').map((s) => [s.name, s]));
+  const end = argv.indexOf('--');
+  const args = argv.map((arg, i) => {
+    const m = end >= 0 && i > end ? null : /^--([^=]+)=(.*)$/s.exec(arg);
+    const spec = m ? booleans.get(m[1]!) : undefined;
+    if (!m || !spec) return arg;
+    return convert(spec, m[2]!, `--${m[1]}`) ? `--${m[1]}` : `--no-${m[1]}`;
+  });
   let parsed;
   try {
-    parsed = parseArgs({ args: [...argv], options, strict: true, allowPositionals: opts.allowPositionals ?? false });
+    parsed = parseArgs({ args, options, strict: true, allowNegative: true, allowPositionals: opts.allowPositionals ?? false });
   } catch (err) {
     throw new ConfigError((err as Error).message);
   }
@@ -139,7 +149,12 @@ export function parseConfig(
 /** One line per option for `--help`: flag, variable, default and text. */
 export function formatHelp(specs: readonly OptionSpec[]): string {
   const rows = specs.map((s) => {
-    const flag = `--${s.name}${s.type === 'boolean' ? '' : ` <${s.type === 'enum' ? s.values.join('|') : s.type}>`}`;
+    const flag =
+      s.type === 'boolean'
+        ? s.default === true
+          ? `--[no-]${s.name}`
+          : `--${s.name}`
+        : `--${s.name} <${s.type === 'enum' ? s.values.join('|') : s.type}>`;
     const variable = envName(s);
     const def = s.default === undefined ? '' : ` (default ${formatDefault(s)})`;
     return { flag, text: `${s.help}${def}${variable ? ` [${variable}]` : ''}` };

@@ -28,6 +28,9 @@ export const EXCLUDE_FROM_LB_LABEL = 'node.kubernetes.io/exclude-from-external-l
 /** Legacy Service annotation for source ranges, used when spec.loadBalancerSourceRanges is empty. */
 export const SOURCE_RANGES_ANNOTATION = 'service.beta.kubernetes.io/load-balancer-source-ranges';
 
+/** The Lease the controller replicas elect their leader on, in pier's namespace. */
+export const LEADER_LEASE_NAME = 'pier-controller';
+
 /** Agent Lease: one per node, renewed by that node's agent. */
 export const agentLeaseName = (node: string) => `pier-agent-${node}`;
 export const AGENT_LEASE_LABEL = 'pier.dev/component';

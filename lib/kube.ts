@@ -5,7 +5,15 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
-import { KubeConfig } from '@kubernetes/client-node';
+import {
+  KubeConfig,
+  Observable,
+  PatchStrategy,
+  setHeaderOptions,
+  type ConfigurationOptions,
+  type ObservableMiddleware,
+  type RequestContext,
+} from '@kubernetes/client-node';
 
 export const IN_CLUSTER_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
 
@@ -97,4 +105,29 @@ function checked(kc: KubeConfig, origin: string): KubeConfig {
   if (!cluster) throw new KubeConfigError(`${origin}: context ${JSON.stringify(ctx)} names no known cluster`);
   if (!cluster.server) throw new KubeConfigError(`${origin}: cluster ${JSON.stringify(cluster.name)} has no server address`);
   return kc;
+}
+
+export interface RequestOptions {
+  /** Abort the request after this long: a hung connection must not stall a loop that has a deadline. */
+  timeoutMs?: number;
+  /** Abort the request when this fires (a leader that stepped down must not finish a write). */
+  signal?: AbortSignal;
+  /** Send the body as a JSON merge patch. */
+  mergePatch?: boolean;
+}
+
+/** Per-request options client-node has no parameter for. Build them per call: the timeout starts when the request does. */
+export function requestOptions(opts: RequestOptions): ConfigurationOptions<ObservableMiddleware> {
+  const cancel: ObservableMiddleware = {
+    pre: (ctx: RequestContext) => {
+      const signals: AbortSignal[] = [];
+      if (opts.timeoutMs !== undefined) signals.push(AbortSignal.timeout(opts.timeoutMs));
+      if (opts.signal) signals.push(opts.signal);
+      if (signals.length > 0) ctx.setSignal(AbortSignal.any(signals));
+      return new Observable(Promise.resolve(ctx));
+    },
+    post: (res) => new Observable(Promise.resolve(res)),
+  };
+  const base: ConfigurationOptions<ObservableMiddleware> = { middleware: [cancel], middlewareMergeStrategy: 'append' };
+  return opts.mergePatch ? setHeaderOptions('Content-Type', PatchStrategy.MergePatch, base) : base;
 }

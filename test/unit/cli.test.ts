@@ -24,10 +24,18 @@ describe('pier CLI', () => {
     expect(r.stderr).toContain('unknown command "frobnicate"');
   });
 
-  it('says so, and does nothing, for a command that is not built yet', async () => {
-    const r = await pier('controller', '--kubeconfig', '/nonexistent');
-    expect(r.exitCode).toBe(3);
-    expect(r.stderr).toMatch(/pier controller: not built yet/);
+  it('runs pier controller, which explains its flags and rejects bad ones before touching a cluster', async () => {
+    const help = await pier('controller', '--help');
+    expect(help.exitCode).toBe(0);
+    for (const flag of ['--leader-elect-lease-duration', '--reserved-ports', '--allocate-range', '--workers']) expect(help.stdout).toContain(flag);
+
+    const range = await pier('controller', '--allocate-range', '50000-40000', '--kubeconfig', '/nonexistent');
+    expect(range.exitCode).toBe(2);
+    expect(range.stderr).toContain('--allocate-range: "50000-40000" is not a port or an inclusive port range');
+
+    const timings = await pier('controller', '--leader-elect-renew-deadline', '20s', '--kubeconfig', '/nonexistent');
+    expect(timings.exitCode).toBe(2);
+    expect(timings.stderr).toContain('the lease duration must be longer than the renew deadline');
   });
 
   it('prints the package version', async () => {

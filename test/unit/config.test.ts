@@ -10,6 +10,7 @@ const specs: OptionSpec[] = [
   { name: 'reserved-ports', type: 'list', default: ['22'], help: 'ports', validate: (v) => (/^\d+$/.test(v) ? undefined : 'is not a port') },
   { name: 'log-level', type: 'string', env: 'LOG_LEVEL', default: 'info', help: 'level' },
   { name: 'node-name', type: 'string', env: null, help: 'flag only' },
+  { name: 'leader-elect', type: 'boolean', default: true, help: 'on unless turned off' },
 ];
 
 describe('parseConfig', () => {
@@ -24,7 +25,18 @@ describe('parseConfig', () => {
       'reserved-ports': ['22'],
       'log-level': 'info',
       'node-name': undefined,
+      'leader-elect': true,
     });
+  });
+
+  it('turns booleans off with --name=false or --no-name, and on with --name=true', () => {
+    expect(parseConfig(specs, ['--leader-elect=false'], {}).values['leader-elect']).toBe(false);
+    expect(parseConfig(specs, ['--no-leader-elect'], {}).values['leader-elect']).toBe(false);
+    expect(parseConfig(specs, ['--leader-elect=true'], { PIER_LEADER_ELECT: 'false' }).values['leader-elect']).toBe(true);
+    expect(parseConfig(specs, [], { PIER_LEADER_ELECT: 'false' }).values['leader-elect']).toBe(false);
+    expect(parseConfig(specs, ['--dry-run=yes'], {}).values['dry-run']).toBe(true);
+    expect(() => parseConfig(specs, ['--leader-elect=maybe'], {})).toThrow(/--leader-elect: "maybe" is not a boolean/);
+    expect(formatHelp(specs)).toContain('--[no-]leader-elect ');
   });
 
   it('prefers flags over environment over defaults', () => {

@@ -1,0 +1,421 @@
+// `pier controller`: watches Services, Nodes, EndpointSlices and agent
+// Leases; recomputes the allocation (allocate.ts) once per burst of changes,
+// because it is global; and has workers write, per Service, only what
+// differs (writes.ts). Every replica keeps its caches and allocation warm;
+// only the leader writes, so a standby takes over with nothing to load.
+import { CoreV1Api, type KubeConfig, type V1Lease, type V1ObjectReference, type V1Service } from '@kubernetes/client-node';
+
+import { Coalescer } from '../lib/coalescer.ts';
+import { endpointSliceInformer, leaseInformer, nodeInformer, serviceInformer } from '../lib/collections.ts';
+import { LEADER_LEASE_NAME, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, agentLeaseName } from '../lib/contract.ts';
+import { EventRecorder } from '../lib/events.ts';
+import { startHealthServer } from '../lib/health.ts';
+import type { InformerEvent } from '../lib/informer.ts';
+import { requestOptions } from '../lib/kube.ts';
+import { LeaderElector, type LeaderTimings } from '../lib/leader.ts';
+import { apiStatus, leaseIsFresh } from '../lib/lease.ts';
+import type { Logger } from '../lib/log.ts';
+import { WorkQueue, runWorkers } from '../lib/workqueue.ts';
+import { allocate, serviceKey, type AllocatorConfig, type ServiceAllocation } from './allocate.ts';
+import { controllerMetrics, type ControllerMetrics } from './metrics.ts';
+import {
+  SERVICE_STATES,
+  assignmentEvent,
+  hasWrites,
+  newProblems,
+  problemKey,
+  sameProblems,
+  serverDroppedIpMode,
+  serviceState,
+  serviceWork,
+} from './writes.ts';
+
+export interface ControllerConfig {
+  /** pier's namespace: agent Leases and the leader Lease. */
+  namespace: string;
+  allocator: AllocatorConfig;
+  workers: number;
+  resyncPeriodMs: number;
+  /** Shortest time between two allocations; changes in between are folded into the next. */
+  minAllocateIntervalMs: number;
+  leaderElect: boolean;
+  leaderElection: LeaderTimings & { identity: string };
+  healthAddress: string;
+  healthPort: number;
+}
+
+export interface ControllerDeps {
+  kc: KubeConfig;
+  log: Logger;
+}
+
+/** Recorded in managedFields: who wrote the status. */
+export const FIELD_MANAGER = 'pier-controller';
+const REPORTING_CONTROLLER = 'pier.dev/controller';
+/** A write that hangs must not hold a worker (and a Service) forever. */
+const WRITE_TIMEOUT_MS = 30_000;
+const AGENT_LEASE_PREFIX = agentLeaseName('');
+
+type WriteKind = 'status' | 'annotation' | 'clear';
+
+export class Controller {
+  readonly metrics: ControllerMetrics;
+  private readonly cfg: ControllerConfig;
+  private readonly log: Logger;
+  private readonly core: CoreV1Api;
+  private readonly services;
+  private readonly nodes;
+  private readonly slices;
+  private readonly leases;
+  private readonly events: EventRecorder;
+  private readonly coalescer: Coalescer<object>;
+  private readonly queue = new WorkQueue<string>();
+  private readonly elector: LeaderElector | undefined;
+  private health: Awaited<ReturnType<typeof startHealthServer>> | undefined;
+  private workers: Promise<void> | undefined;
+  private resyncTimer: NodeJS.Timeout | undefined;
+  private leaseTimer: NodeJS.Timeout | undefined;
+  private synced = false;
+  private stopping = false;
+  private leading = false;
+  /** Aborted when a term ends, cancelling the writes still in flight. */
+  private term: AbortController | undefined;
+  /** Set when a term starts: the first allocation of the term learns which problems the last leader already reported. */
+  private seedPending = false;
+  private desired = new Map<string, ServiceAllocation>();
+  /** The resourceVersion of each Service the last allocation saw. */
+  private allocatedVersion = new Map<string, string>();
+  /** Per Service, the problems already reported as Events in this term. */
+  private reported = new Map<string, Set<string>>();
+  /** Per agent Lease, what allocation reads from it (freshness, forwarding) as of the last allocation. */
+  private leaseViews = new Map<string, string>();
+  private ipModeDropped = false;
+  /** Allocations computed so far, for tests and logs. */
+  allocations = 0;
+
+  constructor(cfg: ControllerConfig, deps: ControllerDeps) {
+    this.cfg = cfg;
+    this.log = deps.log;
+    this.metrics = controllerMetrics();
+    this.core = deps.kc.makeApiClient(CoreV1Api);
+    const backoff = { initialMs: 500, maxMs: 10_000 };
+    this.services = serviceInformer(deps.kc, { log: this.log, backoff });
+    this.nodes = nodeInformer(deps.kc, { log: this.log, backoff });
+    this.slices = endpointSliceInformer(deps.kc, { log: this.log, backoff });
+    this.leases = leaseInformer(deps.kc, cfg.namespace, { log: this.log, backoff });
+    const identity = cfg.leaderElection.identity;
+    this.events = new EventRecorder({ kc: deps.kc, controller: REPORTING_CONTROLLER, instance: identity, log: this.log });
+    this.coalescer = new Coalescer(() => this.allocateAll(), { minIntervalMs: cfg.minAllocateIntervalMs, merge: (a) => a });
+    if (cfg.leaderElect) {
+      this.elector = new LeaderElector({
+        kc: deps.kc,
+        namespace: cfg.namespace,
+        name: LEADER_LEASE_NAME,
+        ...cfg.leaderElection,
+        onStartedLeading: () => this.startLeading(),
+        onStoppedLeading: () => this.stopLeading(),
+        log: this.log,
+      });
+    }
+  }
+
+  /** Resolves once the caches have synced; leadership may come later. */
+  async start(): Promise<void> {
+    this.health = await startHealthServer({
+      address: this.cfg.healthAddress,
+      port: this.cfg.healthPort,
+      registry: this.metrics.registry,
+      ready: () => this.readiness(),
+    });
+    const changed = () => this.requestAllocation();
+    this.services.onChange((svc, event) => {
+      if (event === 'delete') this.events.forget({ kind: 'Service', namespace: svc.metadata?.namespace, name: svc.metadata?.name });
+      changed();
+    });
+    this.nodes.onChange(changed);
+    this.slices.onChange(changed);
+    this.leases.onChange((lease, event) => this.onLeaseChange(lease, event));
+    for (const inf of [this.services, this.nodes, this.slices, this.leases]) inf.start();
+    // The first allocation must see every existing status, or it could hand a
+    // port to the wrong Service and move things on a mere restart.
+    await Promise.all([this.services.synced, this.nodes.synced, this.slices.synced, this.leases.synced]);
+    if (this.stopping) return;
+    this.synced = true;
+    this.workers = runWorkers(this.queue, (key) => this.handle(key), {
+      workers: this.cfg.workers,
+      onError: (key, err, retries) =>
+        this.log[retries === 0 ? 'warn' : 'debug']({ service: key, err: (err as Error)?.message ?? String(err), status: apiStatus(err), retries }, 'writing the Service failed; retrying with backoff'),
+    });
+    this.requestAllocation();
+    this.resyncTimer = setInterval(() => this.requestAllocation(), this.cfg.resyncPeriodMs);
+    if (this.elector) this.elector.start();
+    else this.startLeading();
+    this.log.info(
+      { healthPort: this.health.port, leaderElect: this.cfg.leaderElect, identity: this.cfg.leaderElection.identity, services: this.services.list().length, nodes: this.nodes.list().length },
+      'controller started',
+    );
+  }
+
+  /** Stops writing, hands leadership over, and stops watching. Statuses stay as they are. */
+  async stop(): Promise<void> {
+    this.stopping = true;
+    clearInterval(this.resyncTimer);
+    clearTimeout(this.leaseTimer);
+    await this.coalescer.stop();
+    // Writes in flight finish (they were made as leader); nothing new starts.
+    this.leading = false;
+    await this.queue.shutDown();
+    await this.workers;
+    await this.elector?.stop();
+    this.stopLeading();
+    await Promise.all([this.services.stop(), this.nodes.stop(), this.slices.stop(), this.leases.stop()]);
+    await this.health?.close();
+  }
+
+  get healthPort(): number | undefined {
+    return this.health?.port;
+  }
+
+  get isLeader(): boolean {
+    return this.leading;
+  }
+
+  private readiness(): { ok: boolean; detail: string } {
+    if (!this.synced) return { ok: false, detail: 'waiting for the caches to sync' };
+    if (this.leading) return { ok: true, detail: `leader; ${this.allocations} allocations` };
+    return { ok: true, detail: `standby; leader is ${this.elector?.leader || 'unknown'}` };
+  }
+
+  private startLeading(): void {
+    if (this.stopping) return;
+    this.leading = true;
+    this.term = new AbortController();
+    this.seedPending = true;
+    this.reported.clear();
+    this.metrics.leader.set(1);
+    this.requestAllocation();
+  }
+
+  private stopLeading(): void {
+    this.leading = false;
+    this.term?.abort(new Error('no longer the leader'));
+    this.term = undefined;
+    this.metrics.leader.set(0);
+  }
+
+  private requestAllocation(): void {
+    if (!this.synced || this.stopping) return;
+    this.coalescer.request({});
+  }
+
+  // -------------------------------------------------------------------------
+  // Allocation
+
+  private async allocateAll(): Promise<void> {
+    const started = performance.now();
+    const now = Date.now();
+    const services = this.services.list();
+    const leases = this.agentLeases();
+    let allocation: Map<string, ServiceAllocation>;
+    try {
+      allocation = allocate({
+        services: [...services],
+        nodes: [...this.nodes.list()],
+        slices: [...this.slices.list()],
+        leases,
+        now,
+        config: this.cfg.allocator,
+      }).services;
+    } catch (err) {
+      // allocate() is total by design; if it throws anyway, keep the last decision rather than write a wrong one.
+      this.log.error({ err: (err as Error)?.stack ?? String(err) }, 'allocation failed; keeping the previous one');
+      return;
+    }
+    this.metrics.allocateDuration.observe((performance.now() - started) / 1000);
+    this.metrics.lastAllocation.set(now / 1000);
+    this.allocations++;
+    this.desired = allocation;
+    this.allocatedVersion = new Map(services.map((s) => [serviceKey(s), s.metadata?.resourceVersion ?? '']));
+    this.leaseViews = new Map(leases.map((l) => [l.metadata?.name ?? '', leaseView(l, now)]));
+    this.scheduleLeaseCheck(now);
+    this.recordAllocationMetrics(allocation);
+
+    if (!this.leading) return;
+    const seeding = this.seedPending;
+    this.seedPending = false;
+    let queued = 0;
+    for (const svc of services) {
+      const key = serviceKey(svc);
+      const desired = allocation.get(key);
+      const problems = desired?.problems ?? [];
+      const writes = hasWrites(serviceWork(svc, desired, { ipModeDropped: this.ipModeDropped }));
+      // A status that already says what this allocation says was written by
+      // an earlier leader (or this one before a restart), which reported its
+      // problems then: reporting them again on every failover is noise.
+      if (seeding && !writes) {
+        if (problems.length > 0) this.reported.set(key, new Set(problems.map(problemKey)));
+        else this.reported.delete(key);
+      }
+      if (writes || !sameProblems(this.reported.get(key), problems)) {
+        this.queue.add(key);
+        queued++;
+      }
+    }
+    for (const key of this.reported.keys()) if (!this.allocatedVersion.has(key)) this.reported.delete(key);
+    this.metrics.queueDepth.set(this.queue.length);
+    this.log.debug({ services: allocation.size, queued, ms: Math.round(performance.now() - started) }, 'allocated');
+  }
+
+  private recordAllocationMetrics(services: Map<string, ServiceAllocation>): void {
+    const states = new Map(SERVICE_STATES.map((s) => [s, 0]));
+    const reasons = new Map<string, number>();
+    for (const a of services.values()) {
+      const state = serviceState(a);
+      states.set(state, (states.get(state) ?? 0) + 1);
+      for (const p of a.problems) reasons.set(p.reason, (reasons.get(p.reason) ?? 0) + 1);
+    }
+    for (const [state, n] of states) this.metrics.services.set({ state }, n);
+    this.metrics.problems.reset();
+    for (const [reason, n] of reasons) this.metrics.problems.set({ reason }, n);
+  }
+
+  private agentLeases(): V1Lease[] {
+    return this.leases.list().filter((l) => l.metadata?.name?.startsWith(AGENT_LEASE_PREFIX));
+  }
+
+  /**
+   * Agents renew every few seconds; a renewal that changes nothing the
+   * allocation reads only moves the expiry later and costs no allocation.
+   */
+  private onLeaseChange(lease: V1Lease, event: InformerEvent): void {
+    const name = lease.metadata?.name ?? '';
+    if (!name.startsWith(AGENT_LEASE_PREFIX)) return;
+    if (event === 'delete' || leaseView(lease, Date.now()) !== this.leaseViews.get(name)) this.requestAllocation();
+  }
+
+  /**
+   * A Lease expires without any event: wake up when the soonest one does, so
+   * a dead node is dropped within its agent's lease duration.
+   */
+  private scheduleLeaseCheck(now: number): void {
+    clearTimeout(this.leaseTimer);
+    let soonest = Infinity;
+    for (const l of this.agentLeases()) {
+      const expiry = leaseExpiry(l);
+      if (expiry > now && expiry < soonest) soonest = expiry;
+    }
+    if (soonest === Infinity || this.stopping) return;
+    // leaseIsFresh() is strict, so one millisecond after the expiry it is stale.
+    this.leaseTimer = setTimeout(() => this.checkLeases(), soonest - now + 5);
+    this.leaseTimer.unref();
+  }
+
+  private checkLeases(): void {
+    const now = Date.now();
+    const changed = this.agentLeases().some((l) => leaseView(l, now) !== this.leaseViews.get(l.metadata?.name ?? ''));
+    if (changed) this.requestAllocation();
+    else this.scheduleLeaseCheck(now);
+  }
+
+  // -------------------------------------------------------------------------
+  // Writing
+
+  private async handle(key: string): Promise<void> {
+    this.metrics.queueDepth.set(this.queue.length);
+    const term = this.term;
+    if (!this.leading || !term) return;
+    const slash = key.indexOf('/');
+    const namespace = key.slice(0, slash);
+    const name = key.slice(slash + 1);
+    const svc = this.services.get(name, namespace);
+    if (!svc) {
+      this.reported.delete(key);
+      return;
+    }
+    // Decided from another version of this Service: the allocation its change
+    // asked for decides again, and enqueues it again if there is still work.
+    if (this.allocatedVersion.get(key) !== svc.metadata?.resourceVersion) return;
+    const desired = this.desired.get(key);
+    const work = serviceWork(svc, desired, { ipModeDropped: this.ipModeDropped });
+    const opts = () => requestOptions({ mergePatch: true, signal: term.signal, timeoutMs: WRITE_TIMEOUT_MS });
+
+    if (work.status) {
+      const body = work.status;
+      const stored = await this.write(work.clearing ? 'clear' : 'status', key, () =>
+        this.core.patchNamespacedServiceStatus({ name, namespace, body, fieldManager: FIELD_MANAGER }, opts()),
+      );
+      if (!stored) return;
+      if (work.clearing) {
+        this.log.info({ service: key }, 'no longer pier\'s Service; removed pier\'s status');
+        this.record(svc, 'Normal', 'StatusCleared', 'the Service is no longer a pier LoadBalancer Service; pier removed its addresses and condition from the status');
+      } else if (desired) {
+        if (!this.ipModeDropped && serverDroppedIpMode(body, stored)) {
+          this.ipModeDropped = true;
+          this.log.warn('the API server drops ingress ipMode (older than 1.30, or LoadBalancerIPMode off): kube-proxy will also capture these addresses; comparing statuses without ipMode from now on');
+        }
+        const change = body.status.loadBalancer ? assignmentEvent(svc.status, desired.ingress) : undefined;
+        if (change) {
+          this.log.info({ service: key, reason: change.reason }, change.note);
+          this.record(svc, 'Normal', change.reason, change.note);
+        }
+      }
+    }
+    if (work.annotation) {
+      const body = work.annotation;
+      const stored = await this.write('annotation', key, () => this.core.patchNamespacedService({ name, namespace, body, fieldManager: FIELD_MANAGER }, opts()));
+      if (!stored) return;
+    }
+    const problems = desired?.problems ?? [];
+    for (const p of newProblems(this.reported.get(key), problems)) {
+      this.log.warn({ service: key, reason: p.reason }, p.message);
+      this.record(svc, 'Warning', p.reason, p.message);
+    }
+    if (problems.length > 0) this.reported.set(key, new Set(problems.map(problemKey)));
+    else this.reported.delete(key);
+  }
+
+  /** One write, counted; undefined when the Service is gone or this replica no longer leads. Throws (for a retry with backoff) on anything else. */
+  private async write(kind: WriteKind, key: string, send: () => Promise<V1Service>): Promise<V1Service | undefined> {
+    // A term that ended while this key waited: the next leader writes it.
+    if (!this.leading) return undefined;
+    try {
+      const stored = await send();
+      this.metrics.writes.inc({ kind, result: 'ok' });
+      this.log.debug({ service: key, kind }, 'wrote');
+      return stored;
+    } catch (err) {
+      const status = apiStatus(err);
+      // Deleted meanwhile: nothing to write, nothing to retry. Cancelled
+      // because the term ended: the next leader decides afresh.
+      if (status === 404 || !this.leading) return undefined;
+      this.metrics.writes.inc({ kind, result: status === 409 ? 'conflict' : 'error' });
+      if (status !== 409 && this.leading) {
+        const [namespace, name] = [key.slice(0, key.indexOf('/')), key.slice(key.indexOf('/') + 1)];
+        const svc = this.services.get(name, namespace);
+        if (svc) this.record(svc, 'Warning', 'StatusWriteFailed', `cannot write the ${kind === 'annotation' ? 'port-mapping annotation' : 'status'}: ${(err as Error)?.message ?? String(err)}`);
+      }
+      throw err;
+    }
+  }
+
+  private record(svc: V1Service, type: 'Normal' | 'Warning', reason: string, note: string): void {
+    this.events.record({ regarding: serviceRef(svc), type, reason, action: 'Allocate', note });
+  }
+}
+
+function serviceRef(svc: V1Service): V1ObjectReference {
+  return { apiVersion: 'v1', kind: 'Service', namespace: svc.metadata?.namespace, name: svc.metadata?.name, uid: svc.metadata?.uid };
+}
+
+function leaseExpiry(l: V1Lease): number {
+  const renew = l.spec?.renewTime;
+  const duration = l.spec?.leaseDurationSeconds;
+  if (!renew || !duration) return -Infinity;
+  return new Date(renew).getTime() + duration * 1000;
+}
+
+/** What allocate() reads from an agent Lease. */
+function leaseView(l: V1Lease, now: number): string {
+  const a = l.metadata?.annotations ?? {};
+  return `${leaseIsFresh(l, now)}|${a[LEASE_FORWARDING_IPV4] ?? ''}|${a[LEASE_FORWARDING_IPV6] ?? ''}`;
+}
