@@ -1,7 +1,8 @@
 // The agent end to end: a real API server, a two-node lab, one `pier agent`
 // process inside each node namespace, and real TCP and UDP from clients.
-// There is no controller yet, so the tests write Service status themselves,
-// exactly as design section 1 specifies.
+// The tests write Service status themselves, exactly as design section 1
+// specifies, so that each case controls precisely what the agent sees
+// (controller-agents.test.ts runs the two together).
 import { chmodSync, copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
