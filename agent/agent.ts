@@ -16,8 +16,9 @@ import { Applier } from './applier.ts';
 import { detectBackend } from './backend.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
-import { buildModel, type Model, type Problem } from './model.ts';
-import { renderRuleset, TABLES, type Ruleset } from './render.ts';
+import type { Model, Problem } from './model.ts';
+import { SyncPipeline } from './pipeline.ts';
+import { TABLES, type Ruleset } from './render.ts';
 import { planText, restoreText } from './restore.ts';
 import { checkForwarding } from './sysctl.ts';
 
@@ -79,6 +80,8 @@ export class Agent {
   private applyErrors = new Map<Family, string>();
   private lastProblems = new Set<string>();
   private dryRunApplied = new Map<Family, Ruleset>();
+  /** Created by the first sync; holds what later syncs reuse. */
+  private pipeline: SyncPipeline | undefined;
   private syncs = 0;
   private readyDetail = 'no successful sync yet';
   ready = false;
@@ -233,24 +236,27 @@ export class Agent {
       return;
     }
     this.syncs++;
-    const model = buildModel({
+    // A full rewrite's iptables-save runs while the rules are computed.
+    for (const applier of this.appliers.values()) applier.prepare();
+    // Incremental: the informers hand out the same object for an unchanged
+    // Service or slice, so only what changed since the last sync is redone.
+    this.pipeline ??= new SyncPipeline({
       nodeName: this.cfg.nodeName,
-      nodeAddresses: nodeAddresses(node),
-      services: [...this.services.list()],
-      slices: [...this.slices.list()],
-      config: {
+      model: {
         loadBalancerClass: contract.LOAD_BALANCER_CLASS,
         defaultClass: this.cfg.defaultClass,
         maxPortsPerService: this.cfg.maxPortsPerService,
       },
+      render: { markBit: 1 << this.cfg.markBit },
     });
+    const model = this.pipeline.model({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
     this.report(model.problems);
 
     let allOk = true;
     const families = this.cfg.dryRun ? contract.FAMILIES : [...this.appliers.keys()];
     for (const family of families) {
       const started = performance.now();
-      const ruleset = renderRuleset(model[family], { markBit: 1 << this.cfg.markBit });
+      const ruleset = this.pipeline.ruleset(model[family]);
       try {
         const mode = this.cfg.dryRun ? this.printDryRun(family, ruleset) : (await this.appliers.get(family)!.apply(ruleset, opts)).mode;
         this.metrics.syncDuration.observe({ family, mode }, (performance.now() - started) / 1000);

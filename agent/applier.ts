@@ -15,7 +15,9 @@ import type { Logger } from '../lib/log.ts';
 import { silentLogger } from '../lib/log.ts';
 import type { Xtables } from './iptables.ts';
 import { CANARY_CHAIN, CHAIN_PREFIX, TABLES, type Ruleset, type TableName } from './render.ts';
-import { parseSave, restoreText, splitRule, type SavedTables } from './restore.ts';
+import { parseSave, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
+
+export type { JumpEdits };
 
 export type ApplyMode = 'noop' | 'partial' | 'full';
 
@@ -35,6 +37,8 @@ export class Applier {
   private readonly log: Logger;
   /** What the kernel holds, as far as this process knows; undefined = unknown. */
   private applied: Ruleset | undefined;
+  /** The save for the next full rewrite, started early by prepare(). */
+  private pendingSave: Promise<SavedTables> | undefined;
 
   constructor(xt: Xtables, log: Logger = silentLogger) {
     this.xt = xt;
@@ -45,6 +49,24 @@ export class Applier {
   /** Forget what was applied, so the next apply rewrites everything. */
   invalidate(): void {
     this.applied = undefined;
+    this.pendingSave = undefined;
+  }
+
+  /**
+   * Called right before the next ruleset is computed: when the next apply
+   * is going to be a full rewrite (nothing applied yet), the iptables-save it
+   * needs starts now, in its own process, while this one renders (a save of
+   * 10,000 ports' rules takes longer than rendering them). Each call starts
+   * afresh, so a save left over by a sync that failed before applying is
+   * never used later.
+   */
+  prepare(): void {
+    this.pendingSave = undefined;
+    if (this.applied) return;
+    const save = this.saveTables();
+    // Awaited, and so reported, by the apply that uses it.
+    save.catch(() => {});
+    this.pendingSave = save;
   }
 
   /**
@@ -57,7 +79,7 @@ export class Applier {
     else if (opts.verify && !(await this.canaryIntact())) reason = 'canary rule missing: pier chains were flushed from outside';
 
     if (reason === undefined && this.applied) {
-      const payload = restoreText(next, { previous: this.applied });
+      const payload = next === this.applied ? '' : restoreText(next, { previous: this.applied });
       if (payload === '') {
         const jumpsInserted = opts.verify ? await this.ensureJumps(next) : 0;
         return { family: this.family, mode: 'noop', payloadBytes: 0, jumpsInserted };
@@ -77,7 +99,9 @@ export class Applier {
 
   private async full(next: Ruleset, reason: string): Promise<ApplyResult> {
     this.applied = undefined;
-    const saved = await this.saveTables();
+    const pending = this.pendingSave;
+    this.pendingSave = undefined;
+    const saved = await (pending ?? this.saveTables());
     const existingChains: Partial<Record<TableName, string[]>> = {};
     const jumpEdits: Partial<Record<TableName, JumpEdits>> = {};
     for (const table of TABLES) {
@@ -86,7 +110,7 @@ export class Applier {
     }
     // One transaction: stale jumps out (before their chains are deleted),
     // chains rewritten, missing jumps in. No command per jump.
-    const payload = withJumpEdits(restoreText(next, { existingChains }), jumpEdits);
+    const payload = restoreText(next, { existingChains, jumps: jumpEdits });
     if (payload !== '') await this.xt.restore(payload);
     this.applied = next;
     const jumpsInserted = TABLES.reduce((n, t) => n + (jumpEdits[t]?.insert.length ?? 0), 0);
@@ -128,11 +152,6 @@ export class Applier {
   }
 }
 
-interface JumpEdits {
-  remove: { chain: string; rule: string }[];
-  insert: { chain: string; rule: string }[];
-}
-
 /**
  * From a save of one table: jumps into pier chains that are not wanted (an
  * older pier's, or duplicates) and wanted jumps that are missing.
@@ -153,32 +172,6 @@ export function planJumps(next: Ruleset, table: TableName, saved: Map<string, st
   }
   const insert = wanted.filter((j) => !seen.has(`${j.chain}\u0000${j.rule}`));
   return { remove, insert };
-}
-
-/**
- * Adds jump deletions and insertions to a restore payload's table blocks:
- * deletions before any chain deletion (-X) in the block, insertions (at the
- * top of their chain, in reverse so the rendered order holds) at its end.
- */
-export function withJumpEdits(payload: string, edits: Partial<Record<TableName, JumpEdits>>): string {
-  const lines = payload === '' ? [] : payload.replace(/\n$/, '').split('\n');
-  for (const table of TABLES) {
-    const e = edits[table];
-    if (!e || (e.remove.length === 0 && e.insert.length === 0)) continue;
-    let start = lines.indexOf(`*${table}`);
-    if (start < 0) {
-      lines.push(`*${table}`, 'COMMIT');
-      start = lines.length - 2;
-    }
-    const commit = lines.indexOf('COMMIT', start);
-    let firstX = lines.findIndex((l, i) => i > start && i < commit && l.startsWith('-X '));
-    if (firstX < 0) firstX = commit;
-    const deletes = e.remove.map((j) => `-D ${j.chain} ${j.rule}`);
-    const inserts = [...e.insert].reverse().map((j) => `-I ${j.chain} 1 ${j.rule}`);
-    lines.splice(commit, 0, ...inserts);
-    lines.splice(firstX, 0, ...deletes);
-  }
-  return lines.length === 0 ? '' : `${lines.join('\n')}\n`;
 }
 
 /** Every pier chain in one table of a parsed save. */
@@ -215,7 +208,7 @@ export async function removeAll(xt: Xtables): Promise<{ jumps: number; chains: n
     }
     jumps += edits[table].remove.length;
   }
-  const payload = withJumpEdits(restoreText(EMPTY, { existingChains }), edits);
+  const payload = restoreText(EMPTY, { existingChains, jumps: edits });
   if (payload !== '') await xt.restore(payload);
   return { jumps, chains };
 }

@@ -7,8 +7,8 @@
 // exception, so one bad manifest cannot stop a node from serving the rest.
 // Addresses leave this module in the canonical text iptables-save prints, so
 // the renderer can compare its output with the kernel's by string equality.
-import type { V1EndpointSlice, V1Service, V1ServicePort } from '@kubernetes/client-node';
-import { IPv4, IPv6, Validator } from 'ip-num';
+import type { DiscoveryV1EndpointPort, V1EndpointSlice, V1LoadBalancerIngress, V1Service, V1ServicePort } from '@kubernetes/client-node';
+import { isIPv4, isIPv6 } from 'node:net';
 
 import { FAMILIES, SOURCE_RANGES_ANNOTATION, type Family } from '../lib/contract.ts';
 
@@ -108,50 +108,69 @@ export interface ParsedCidr {
 
 const BITS: Record<Family, number> = { ipv4: 32, ipv6: 128 };
 
-export function parseAddress(text: unknown): ParsedAddress | undefined {
-  if (typeof text !== 'string' || text.length === 0 || text.length > 64) return undefined;
-  try {
-    if (text.includes(':')) {
-      // ip-num accepts zone ids; a scoped address is never a service address.
-      if (text.includes('%') || !Validator.isValidIPv6String(text)[0]) return undefined;
-      const value = IPv6.fromString(text).getValue();
-      return { family: 'ipv6', value, text: formatAddress('ipv6', value) };
-    }
-    if (!Validator.isValidIPv4String(text)[0]) return undefined;
-    const value = IPv4.fromString(text).getValue();
-    return { family: 'ipv4', value, text: formatAddress('ipv4', value) };
-  } catch {
-    return undefined;
-  }
+/** What the hot paths need of an address: no bigint, and an order that plain string comparison follows. */
+interface AddressInfo {
+  family: Family;
+  /** Canonical, as inet_ntop prints it. */
+  text: string;
+  /** A family digit (4 before 6) and the value in fixed-width hex: string order is numeric order. */
+  order: string;
 }
 
-/** Accepts `addr/prefix` or a bare address (a host route); host bits are zeroed. */
-export function parseCidr(text: unknown): ParsedCidr | undefined {
-  if (typeof text !== 'string') return undefined;
-  const slash = text.indexOf('/');
-  const addr = parseAddress(slash < 0 ? text : text.slice(0, slash));
-  if (!addr) return undefined;
-  const bits = BITS[addr.family];
-  let prefix = bits;
-  if (slash >= 0) {
-    const p = text.slice(slash + 1);
-    if (!/^\d{1,3}$/.test(p)) return undefined;
-    prefix = Number(p);
-    if (prefix > bits) return undefined;
+const HEX2 = Array.from({ length: 256 }, (_, i) => i.toString(16).padStart(2, '0'));
+
+function hex4(word: number): string {
+  return HEX2[word >>> 8]! + HEX2[word & 255]!;
+}
+
+function readAddress(text: string): AddressInfo | undefined {
+  if (text.length === 0 || text.length > 64) return undefined;
+  // node:net's checks are strict (no leading zeros in a dotted quad, no
+  // surrounding blanks) and far cheaper than a general parser. A dotted quad
+  // they accept is already what inet_ntop prints.
+  if (isIPv4(text)) {
+    let order = '4';
+    let start = 0;
+    for (let i = 0; i < 4; i++) {
+      const dot = i < 3 ? text.indexOf('.', start) : text.length;
+      order += HEX2[Number(text.slice(start, dot))]!;
+      start = dot + 1;
+    }
+    return { family: 'ipv4', text, order };
   }
-  const hostBits = BigInt(bits - prefix);
-  const value = (addr.value >> hostBits) << hostBits;
-  return { family: addr.family, value, prefix, text: `${formatAddress(addr.family, value)}/${prefix}` };
+  // isIPv6 accepts zone ids; a scoped address is never a service address.
+  if (text.includes('%') || !isIPv6(text)) return undefined;
+  const words = ipv6Words(text);
+  let order = '6';
+  for (const w of words) order += hex4(w);
+  return { family: 'ipv6', text: ipv6Text(words), order };
+}
+
+/** The eight 16-bit words of an address isIPv6 accepted. */
+function ipv6Words(text: string): number[] {
+  const gap = text.indexOf('::');
+  const head = ipv6Groups(gap < 0 ? text : text.slice(0, gap));
+  if (gap < 0) return head;
+  const tail = ipv6Groups(text.slice(gap + 2));
+  for (let i = head.length + tail.length; i < 8; i++) head.push(0);
+  for (const w of tail) head.push(w);
+  return head;
+}
+
+function ipv6Groups(part: string): number[] {
+  const out: number[] = [];
+  if (part === '') return out;
+  for (const g of part.split(':')) {
+    if (g.includes('.')) {
+      const [a = 0, b = 0, c = 0, d = 0] = g.split('.').map(Number);
+      out.push((a << 8) | b, (c << 8) | d);
+    } else out.push(parseInt(g, 16));
+  }
+  return out;
 }
 
 /** inet_ntop's output: glibc compresses the first longest run of two or more zero groups and prints v4-mapped/compatible tails dotted. */
-export function formatAddress(family: Family, value: bigint): string {
-  if (family === 'ipv4') {
-    const n = Number(value);
-    return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
-  }
-  const words: number[] = [];
-  for (let i = 7; i >= 0; i--) words.push(Number((value >> BigInt(i * 16)) & 0xffffn));
+function ipv6Text(words: number[]): string {
   let bestBase = -1;
   let bestLen = 0;
   let curBase = -1;
@@ -177,8 +196,7 @@ export function formatAddress(family: Family, value: bigint): string {
     }
     if (i !== 0) out += ':';
     if (i === 6 && bestBase === 0 && (bestLen === 6 || (bestLen === 5 && words[5] === 0xffff))) {
-      const low = Number(value & 0xffffffffn);
-      out += formatAddress('ipv4', BigInt(low));
+      out += `${words[6]! >>> 8}.${words[6]! & 255}.${words[7]! >>> 8}.${words[7]! & 255}`;
       break;
     }
     out += words[i]!.toString(16);
@@ -187,27 +205,68 @@ export function formatAddress(family: Family, value: bigint): string {
   return out;
 }
 
+const addressCache = new Map<string, AddressInfo | null>();
+
+/** Parsed once per distinct text: the same endpoint and node addresses come back on every sync. */
+function addressInfo(text: unknown): AddressInfo | undefined {
+  if (typeof text !== 'string') return undefined;
+  const hit = addressCache.get(text);
+  if (hit !== undefined) return hit ?? undefined;
+  const info = readAddress(text);
+  if (addressCache.size >= 200_000) addressCache.clear();
+  addressCache.set(text, info ?? null);
+  return info;
+}
+
+export function parseAddress(text: unknown): ParsedAddress | undefined {
+  const info = addressInfo(text);
+  if (!info) return undefined;
+  return { family: info.family, value: BigInt(`0x${info.order.slice(1)}`), text: info.text };
+}
+
+/** Accepts `addr/prefix` or a bare address (a host route); host bits are zeroed. */
+export function parseCidr(text: unknown): ParsedCidr | undefined {
+  if (typeof text !== 'string') return undefined;
+  const slash = text.indexOf('/');
+  const addr = parseAddress(slash < 0 ? text : text.slice(0, slash));
+  if (!addr) return undefined;
+  const bits = BITS[addr.family];
+  let prefix = bits;
+  if (slash >= 0) {
+    const p = text.slice(slash + 1);
+    if (!/^\d{1,3}$/.test(p)) return undefined;
+    prefix = Number(p);
+    if (prefix > bits) return undefined;
+  }
+  const hostBits = BigInt(bits - prefix);
+  const value = (addr.value >> hostBits) << hostBits;
+  return { family: addr.family, value, prefix, text: `${formatAddress(addr.family, value)}/${prefix}` };
+}
+
+/** The canonical text of a value, as inet_ntop prints it. */
+export function formatAddress(family: Family, value: bigint): string {
+  if (family === 'ipv4') {
+    const n = Number(value);
+    return `${n >>> 24}.${(n >>> 16) & 255}.${(n >>> 8) & 255}.${n & 255}`;
+  }
+  const words: number[] = [];
+  for (let i = 7; i >= 0; i--) words.push(Number((value >> BigInt(i * 16)) & 0xffffn));
+  return ipv6Text(words);
+}
+
 /** Numeric order within a family, IPv4 before IPv6; unparseable text last, by text. */
 export function compareAddresses(a: string, b: string): number {
-  const pa = parseAddressCached(a);
-  const pb = parseAddressCached(b);
-  if (pa && pb) {
-    if (pa.family !== pb.family) return pa.family === 'ipv4' ? -1 : 1;
-    return pa.value < pb.value ? -1 : pa.value > pb.value ? 1 : 0;
-  }
+  const pa = addressInfo(a);
+  const pb = addressInfo(b);
+  if (pa && pb) return compareText(pa.order, pb.order);
   if (pa) return -1;
   if (pb) return 1;
   return compareText(a, b);
 }
 
-const addressCache = new Map<string, ParsedAddress | undefined>();
-function parseAddressCached(text: unknown): ParsedAddress | undefined {
-  if (typeof text !== 'string') return undefined;
-  if (addressCache.has(text)) return addressCache.get(text);
-  const parsed = parseAddress(text);
-  if (addressCache.size > 100_000) addressCache.clear();
-  addressCache.set(text, parsed);
-  return parsed;
+/** Frontends in the order a plan lists them. */
+export function compareFrontends(a: Frontend, b: Frontend): number {
+  return compareAddresses(a.address, b.address) || a.port - b.port;
 }
 
 export function compareText(a: string, b: string): number {
@@ -220,23 +279,65 @@ export function compareText(a: string, b: string): number {
 /** iptables' comment match holds 255 characters. */
 export const MAX_COMMENT = 255;
 
+const COMMENT_SAFE = /^[A-Za-z0-9._:/-]*$/;
+
 export function sanitizeComment(text: string): string {
-  return text.replace(/[^A-Za-z0-9._:/-]/g, '_').slice(0, MAX_COMMENT);
+  const safe = COMMENT_SAFE.test(text) ? text : text.replace(/[^A-Za-z0-9._:/-]/g, '_');
+  return safe.length > MAX_COMMENT ? safe.slice(0, MAX_COMMENT) : safe;
 }
 
 // ---------------------------------------------------------------------------
 // The model
+//
+// In two steps, so that an incremental caller (pipeline.ts) can keep the
+// first one per Service and redo only the second:
+//  1. serviceResult: one Service and its slices -> its port plans, with every
+//     frontend they claim, and its problems. Depends on nothing else but the
+//     node and the config (ModelContext).
+//  2. across Services: each claimed frontend goes to the oldest claimant
+//     (rankClaims); a plan that loses a frontend is replaced by a copy
+//     without it, and one that loses all is dropped; plans are ordered by
+//     key, problems deduplicated.
 
-interface ServiceIdentity {
+export interface ServiceIdentity {
+  /** `namespace/name` */
   id: string;
   created: number;
 }
 
-interface Claim {
+/** A plan's wish to serve one frontend; conflicts between Services are settled per `key`. */
+export interface Claim {
   plan: ServicePortPlan;
   owner: ServiceIdentity;
   portLabel: string;
   frontend: Frontend;
+  /** The frontend as conflicts see it: address, protocol and port in one number (frontendKey). */
+  key: number;
+}
+
+/** What one Service contributes, before conflicts between Services are settled. */
+export interface ServiceResult {
+  owner: ServiceIdentity;
+  /** Plans with every frontend they claim, sorted; never changed once made. */
+  plans: ServicePortPlan[];
+  /** Plan by plan, in the order of `plans`; each plan's claims in the order of its frontends. */
+  claims: Claim[];
+  problems: Problem[];
+}
+
+/** Everything a ServiceResult depends on besides the Service and its slices. */
+export interface ModelContext {
+  nodeName: string;
+  /** This node's addresses, canonical, each with its index: frontends are only ever on these. */
+  nodeAddresses: ReadonlyMap<string, number>;
+  config: ModelConfig;
+}
+
+const PROTOCOL_INDEX: Record<Protocol, number> = { TCP: 0, UDP: 1, SCTP: 2 };
+
+/** A frontend as one number, so that conflicts are found without a string per claim. */
+function frontendKey(ctx: ModelContext, address: string, protocol: Protocol, port: number): number {
+  return (ctx.nodeAddresses.get(address)! * 4 + PROTOCOL_INDEX[protocol]) * 65536 + port;
 }
 
 export function isPierService(svc: V1Service, config: ModelConfig): boolean {
@@ -246,62 +347,98 @@ export function isPierService(svc: V1Service, config: ModelConfig): boolean {
   return cls === config.loadBalancerClass;
 }
 
-export function buildModel(input: ModelInput): Model {
-  const problems: Problem[] = [];
-  const nodeAddresses = new Set<string>();
+export function modelContext(input: Pick<ModelInput, 'nodeName' | 'nodeAddresses' | 'config'>): ModelContext {
+  const nodeAddresses = new Map<string, number>();
   for (const a of input.nodeAddresses ?? []) {
-    const p = parseAddress(a);
-    if (p) nodeAddresses.add(p.text);
+    const p = addressInfo(a);
+    if (p && !nodeAddresses.has(p.text)) nodeAddresses.set(p.text, nodeAddresses.size);
   }
+  return { nodeName: input.nodeName, nodeAddresses, config: input.config };
+}
 
+/** `namespace/service` a slice belongs to, or undefined when it names none. */
+export function sliceServiceId(slice: V1EndpointSlice): string | undefined {
+  const svcName = slice?.metadata?.labels?.[SERVICE_NAME_LABEL];
+  if (!svcName) return undefined;
+  return [slice.metadata?.namespace ?? '', '/', svcName].join('');
+}
+
+export function serviceOwner(svc: V1Service): ServiceIdentity {
+  try {
+    return { id: [svc.metadata?.namespace ?? '', '/', svc.metadata?.name ?? ''].join(''), created: timestamp(svc.metadata?.creationTimestamp) };
+  } catch {
+    return { id: '/', created: Number.POSITIVE_INFINITY };
+  }
+}
+
+/**
+ * One pier Service (isPierService) with the slices labelled for it. Never
+ * throws, and keeps nothing of a Service it could not read to the end: a
+ * Service is served completely or not at all.
+ */
+export function serviceResult(svc: V1Service, owner: ServiceIdentity, slices: readonly V1EndpointSlice[], ctx: ModelContext): ServiceResult {
+  const mine: ServiceResult = { owner, plans: [], claims: [], problems: [] };
+  try {
+    serviceModel(svc, owner, ctx, slices, mine);
+    // Kept as long as the Service is: without the room arrays leave to grow.
+    return { owner, plans: mine.plans.slice(), claims: mine.claims.slice(), problems: mine.problems.length > 0 ? mine.problems.slice() : NONE };
+  } catch (err) {
+    // A shape no check anticipated (a hand-written object with wrong types):
+    // this Service is skipped, the others are not.
+    return { owner, plans: [], claims: [], problems: [{ service: owner.id, reason: 'InvalidService', message: `cannot read Service ${owner.id}: ${(err as Error).message}` }] };
+  }
+}
+
+export function buildModel(input: ModelInput): Model {
+  const ctx = modelContext(input);
   const slicesByService = new Map<string, V1EndpointSlice[]>();
   for (const slice of input.slices ?? []) {
-    const svcName = slice?.metadata?.labels?.[SERVICE_NAME_LABEL];
-    if (!svcName) continue;
-    const id = `${slice.metadata?.namespace ?? ''}/${svcName}`;
+    const id = sliceServiceId(slice);
+    if (id === undefined) continue;
     let list = slicesByService.get(id);
     if (!list) slicesByService.set(id, (list = []));
     list.push(slice);
   }
 
-  const plans: ServicePortPlan[] = [];
-  const claims: Claim[] = [];
   // Sorted so that nothing depends on the order objects arrive in, not even
   // which of two objects with one name wins.
-  const services = (input.services ?? [])
-    .filter((s) => s && safely(() => isPierService(s, input.config), false))
-    .map((svc) => ({ svc, sortKey: serviceSortKey(svc) }))
-    .sort((a, b) => compareText(a.sortKey, b.sortKey))
-    .map((s) => s.svc);
+  const services = sortServices((input.services ?? []).filter((s) => s && safely(() => isPierService(s, input.config), false)));
+  const plans: ServicePortPlan[] = [];
+  const byFrontend = new Map<number, Claim[]>();
+  const problems: Problem[] = [];
   for (const svc of services) {
-    const owner: ServiceIdentity = safely(
-      () => ({ id: `${svc.metadata?.namespace ?? ''}/${svc.metadata?.name ?? ''}`, created: timestamp(svc.metadata?.creationTimestamp) }),
-      { id: '/', created: Number.POSITIVE_INFINITY },
-    );
-    // Collected apart and kept only when the whole Service was read: a
-    // Service is served completely or not at all.
-    const mine = { plans: [] as ServicePortPlan[], claims: [] as Claim[], problems: [] as Problem[] };
-    try {
-      serviceModel(svc, owner, input, nodeAddresses, slicesByService.get(owner.id) ?? [], mine.plans, mine.claims, mine.problems);
-      plans.push(...mine.plans);
-      claims.push(...mine.claims);
-      problems.push(...mine.problems);
-    } catch (err) {
-      // A shape no check above anticipated (a hand-written object with
-      // wrong types): this Service is skipped, the others are not.
-      problems.push({ service: owner.id, reason: 'InvalidService', message: `cannot read Service ${owner.id}: ${(err as Error).message}` });
+    const owner = serviceOwner(svc);
+    const r = serviceResult(svc, owner, slicesByService.get(owner.id) ?? [], ctx);
+    for (const p of r.plans) plans.push(p);
+    for (const c of r.claims) {
+      const list = byFrontend.get(c.key);
+      if (list) list.push(c);
+      else byFrontend.set(c.key, [c]);
     }
+    for (const p of r.problems) problems.push(p);
   }
 
-  resolveConflicts(claims, problems);
+  // The plans are this call's own: those that lose frontends lose them in place.
+  const lost = new Map<ServicePortPlan, Set<Frontend>>();
+  for (const list of byFrontend.values()) {
+    if (list.length < 2) continue;
+    rankClaims(list);
+    for (let i = 1; i < list.length; i++) {
+      const c = list[i]!;
+      let set = lost.get(c.plan);
+      if (!set) lost.set(c.plan, (set = new Set()));
+      set.add(c.frontend);
+    }
+    for (const p of conflictProblems(list)) problems.push(p);
+  }
+  for (const [plan, set] of lost) plan.frontends = plan.frontends.filter((f) => !set.has(f));
 
   const byFamily: Record<Family, ServicePortPlan[]> = { ipv4: [], ipv6: [] };
   const seen = new Set<string>();
-  for (const plan of plans.sort((a, b) => compareText(a.key, b.key))) {
+  for (const plan of plans.sort(comparePlans)) {
     if (plan.frontends.length === 0 || seen.has(plan.key)) continue;
     seen.add(plan.key);
-    plan.frontends.sort((a, b) => compareAddresses(a.address, b.address) || a.port - b.port);
-    byFamily[plan.key.startsWith('ipv4/') ? 'ipv4' : 'ipv6'].push(plan);
+    byFamily[planFamily(plan)].push(plan);
   }
 
   return {
@@ -311,27 +448,35 @@ export function buildModel(input: ModelInput): Model {
   };
 }
 
-function serviceModel(
-  svc: V1Service,
-  owner: ServiceIdentity,
-  input: ModelInput,
-  nodeAddresses: Set<string>,
-  slices: V1EndpointSlice[],
-  plans: ServicePortPlan[],
-  claims: Claim[],
-  problems: Problem[],
-): void {
+export function comparePlans(a: ServicePortPlan, b: ServicePortPlan): number {
+  return compareText(a.key, b.key);
+}
+
+export function planFamily(plan: ServicePortPlan): Family {
+  return plan.key.startsWith('ipv4/') ? 'ipv4' : 'ipv6';
+}
+
+/** Shared by every plan without source ranges; nothing changes model arrays. */
+const NONE: never[] = Object.freeze([]) as never[];
+
+function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext, slices: readonly V1EndpointSlice[], out: ServiceResult): void {
+  const { plans, claims, problems } = out;
   const service = owner.id;
   // Only Services advertised on this node concern this agent; reporting the
   // others would make every node raise the same Event.
-  const ingresses = (svc.status?.loadBalancer?.ingress ?? []).filter((ing) => {
-    const ip = parseAddressCached(ing?.ip);
-    return ip !== undefined && nodeAddresses.has(ip.text);
-  });
+  const ingresses: V1LoadBalancerIngress[] = [];
+  const ips: AddressInfo[] = [];
+  for (const ing of svc.status?.loadBalancer?.ingress ?? []) {
+    const ip = addressInfo(ing?.ip);
+    if (ip !== undefined && ctx.nodeAddresses.has(ip.text)) {
+      ingresses.push(ing);
+      ips.push(ip);
+    }
+  }
   if (ingresses.length === 0) return;
 
   const specPorts: V1ServicePort[] = svc.spec?.ports ?? [];
-  const max = input.config.maxPortsPerService;
+  const max = ctx.config.maxPortsPerService;
   if (specPorts.length > max) {
     problems.push({ service, reason: 'TooManyPorts', message: `Service ${service} has ${specPorts.length} ports, more than the ${max} this agent serves per Service; none is served` });
     return;
@@ -347,28 +492,34 @@ function serviceModel(
     return;
   }
 
+  if (!Array.isArray(specPorts)) throw new TypeError('spec.ports is not a list');
   const local = svc.spec?.externalTrafficPolicy === 'Local';
-  const keys = new Set<string>();
-  specPorts.forEach((sp, index) => {
+  const keys = specPorts.length > 1 ? new Set<string>() : undefined;
+  for (let index = 0; index < specPorts.length; index++) {
+    const sp = specPorts[index]!;
     const portName = typeof sp?.name === 'string' ? sp.name : '';
     const portLabel = portName || String(index);
     const protocol = sp?.protocol ?? 'TCP';
     if (!(PROTOCOLS as readonly string[]).includes(protocol)) {
       problems.push({ service, port: portLabel, reason: 'UnsupportedProtocol', message: `Service ${service} port ${portLabel}: protocol ${JSON.stringify(protocol)} is not TCP, UDP or SCTP; the port is not served` });
-      return;
+      continue;
     }
     const proto = protocol as Protocol;
-    const id = `${portLabel}/${proto}`;
-    if (keys.has(id)) {
-      problems.push({ service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portLabel}/${proto} appears twice; only the first is served` });
-      return;
+    if (keys) {
+      const id = `${portLabel}/${proto}`;
+      if (keys.has(id)) {
+        problems.push({ service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portLabel}/${proto} appears twice; only the first is served` });
+        continue;
+      }
+      keys.add(id);
     }
-    keys.add(id);
 
-    const frontends: Record<Family, Frontend[]> = { ipv4: [], ipv6: [] };
-    const seenFrontends = new Set<string>();
-    for (const ing of ingresses) {
-      const ip = parseAddressCached(ing.ip)!;
+    let v4: Frontend[] | undefined;
+    let v6: Frontend[] | undefined;
+    const seenFrontends = ingresses.length > 1 ? new Set<string>() : undefined;
+    for (let k = 0; k < ingresses.length; k++) {
+      const ing = ingresses[k]!;
+      const ip = ips[k]!;
       const st = ing.ports?.[index];
       if (!st) {
         problems.push({ service, port: portLabel, reason: 'StatusPortMissing', message: `Service ${service} port ${portLabel}: status for ${ip.text} has no entry ${index}; the port is not served there` });
@@ -383,34 +534,44 @@ function serviceModel(
         problems.push({ service, port: portLabel, reason: 'StatusPortMismatch', message: `Service ${service} port ${portLabel}: status protocol ${JSON.stringify(st.protocol)} for ${ip.text} does not match ${proto}` });
         continue;
       }
-      const fk = `${ip.text}|${st.port}`;
-      if (seenFrontends.has(fk)) continue;
-      seenFrontends.add(fk);
-      frontends[ip.family].push({ address: ip.text, port: st.port });
+      if (seenFrontends) {
+        const fk = `${ip.text}|${st.port}`;
+        if (seenFrontends.has(fk)) continue;
+        seenFrontends.add(fk);
+      }
+      const frontend: Frontend = { address: ip.text, port: st.port };
+      if (ip.family === 'ipv4') v4 = v4 ? [...v4, frontend] : [frontend];
+      else v6 = v6 ? [...v6, frontend] : [frontend];
     }
-    if (frontends.ipv4.length === 0 && frontends.ipv6.length === 0) return;
+    if (!v4 && !v6) continue;
 
-    const endpoints = portEndpoints(service, portLabel, portName, proto, local, input.nodeName, slices, problems);
+    const endpoints = portEndpoints(service, portLabel, portName, proto, local, ctx.nodeName, slices, problems);
+    const comment = sanitizeComment([service, ':', portName || (Number.isInteger(sp.port) ? sp.port : index)].join(''));
     for (const family of FAMILIES) {
-      if (frontends[family].length === 0) continue;
+      const frontends = family === 'ipv4' ? v4 : v6;
+      if (!frontends) continue;
+      insertionSort(frontends, compareFrontends);
+      const restrictSources = ranges.restrict && !ranges.open[family];
       const plan: ServicePortPlan = {
-        key: `${family}/${service}/${portLabel}/${proto}`,
-        comment: sanitizeComment(`${service}:${portName || (Number.isInteger(sp.port) ? sp.port : index)}`),
+        key: [family, '/', service, '/', portLabel, '/', proto].join(''),
+        comment,
         protocol: proto,
-        frontends: [],
+        frontends,
         endpoints: endpoints[family],
-        sourceRanges: ranges[family],
-        restrictSources: ranges.restrict && !ranges.open[family],
+        sourceRanges: restrictSources ? ranges[family] : NONE,
+        restrictSources,
         masquerade: !local,
       };
-      if (!plan.restrictSources) plan.sourceRanges = [];
       plans.push(plan);
-      for (const frontend of frontends[family]) claims.push({ plan, owner, portLabel, frontend });
+      for (const frontend of frontends) claims.push({ plan, owner, portLabel, frontend, key: frontendKey(ctx, frontend.address, proto, frontend.port) });
     }
-  });
+  }
 }
 
 type Ranges = Record<Family, string[]> & { restrict: boolean; open: Record<Family, boolean> };
+
+/** Shared by every Service without ranges; plans never hand its arrays out (they are not restricted). */
+const NO_RANGES: Ranges = Object.freeze({ ipv4: NONE, ipv6: NONE, restrict: false, open: { ipv4: false, ipv6: false } });
 
 function sourceRanges(svc: V1Service): Ranges | { bad: string } {
   let raw: unknown[] = Array.isArray(svc.spec?.loadBalancerSourceRanges) ? svc.spec.loadBalancerSourceRanges : [];
@@ -418,6 +579,7 @@ function sourceRanges(svc: V1Service): Ranges | { bad: string } {
     const ann = svc.metadata?.annotations?.[SOURCE_RANGES_ANNOTATION];
     raw = typeof ann === 'string' ? ann.split(',') : [];
   }
+  if (raw.length === 0) return NO_RANGES;
   const out: Ranges = { ipv4: [], ipv6: [], restrict: false, open: { ipv4: false, ipv6: false } };
   for (const entry of raw) {
     const text = typeof entry === 'string' ? entry.trim() : entry;
@@ -440,6 +602,10 @@ function compareCidrs(a: string, b: string): number {
   return compareAddresses(aa, ba) || Number(ap) - Number(bp);
 }
 
+function compareEndpoints(a: Endpoint, b: Endpoint): number {
+  return compareAddresses(a.address, b.address) || a.port - b.port;
+}
+
 function portEndpoints(
   service: string,
   portLabel: string,
@@ -447,14 +613,20 @@ function portEndpoints(
   protocol: Protocol,
   local: boolean,
   nodeName: string,
-  slices: V1EndpointSlice[],
+  slices: readonly V1EndpointSlice[],
   problems: Problem[],
 ): Record<Family, Endpoint[]> {
-  const ready: Record<Family, Endpoint[]> = { ipv4: [], ipv6: [] };
-  const fallback: Record<Family, Endpoint[]> = { ipv4: [], ipv6: [] };
+  let ready: Endpoint[] | undefined;
+  let fallback: Endpoint[] | undefined;
   for (const slice of slices) {
     if (slice.addressType !== 'IPv4' && slice.addressType !== 'IPv6') continue;
-    const sp = (slice.ports ?? []).find((p) => (p?.name ?? '') === portName && (p?.protocol ?? 'TCP') === protocol);
+    let sp: DiscoveryV1EndpointPort | undefined;
+    for (const p of slice.ports ?? []) {
+      if ((p?.name ?? '') === portName && (p?.protocol ?? 'TCP') === protocol) {
+        sp = p;
+        break;
+      }
+    }
     // No port means "unrestricted" in the API; there is nothing to DNAT to.
     if (!sp || sp.port === undefined || sp.port === null) continue;
     if (!Number.isInteger(sp.port) || sp.port < 1 || sp.port > 65535) {
@@ -463,7 +635,7 @@ function portEndpoints(
     }
     for (const ep of slice.endpoints ?? []) {
       const rawAddress = ep?.addresses?.[0];
-      const addr = parseAddressCached(rawAddress);
+      const addr = addressInfo(rawAddress);
       if (!addr) {
         problems.push({ service, port: portLabel, reason: 'InvalidEndpointAddress', message: `Service ${service} port ${portLabel}: endpoint address ${JSON.stringify(rawAddress)} in EndpointSlice ${slice.metadata?.name ?? ''} is not an IP address; it is skipped` });
         continue;
@@ -472,55 +644,100 @@ function portEndpoints(
       if (local && !isLocal) continue;
       const endpoint: Endpoint = { address: addr.text, port: sp.port, local: isLocal };
       const c = ep.conditions;
-      if (c?.ready !== false) ready[addr.family].push(endpoint);
-      else if (c.serving === true && c.terminating === true) fallback[addr.family].push(endpoint);
+      if (c?.ready !== false) (ready ??= []).push(endpoint);
+      else if (c.serving === true && c.terminating === true) (fallback ??= []).push(endpoint);
     }
   }
-  const out: Record<Family, Endpoint[]> = { ipv4: [], ipv6: [] };
+  // IPv4 sorts first, so each family is one run of the sorted list.
+  if (ready) insertionSort(ready, compareEndpoints);
+  if (fallback) insertionSort(fallback, compareEndpoints);
+  const out: Record<Family, Endpoint[]> = { ipv4: NONE, ipv6: NONE };
+  let ri = 0;
+  let fi = 0;
   for (const family of FAMILIES) {
+    const v6 = family === 'ipv6';
+    const readyStart = ri;
+    while (ready && ri < ready.length && ready[ri]!.address.includes(':') === v6) ri++;
+    const fallbackStart = fi;
+    while (fallback && fi < fallback.length && fallback[fi]!.address.includes(':') === v6) fi++;
     // Terminating-but-serving endpoints only when nothing is ready: better a
     // draining pod than a refused connection.
-    const chosen = ready[family].length > 0 ? ready[family] : fallback[family];
-    const byKey = new Map<string, Endpoint>();
-    for (const e of chosen) {
-      const k = `${e.address}|${e.port}`;
-      const prev = byKey.get(k);
-      byKey.set(k, prev ? { ...prev, local: prev.local || e.local } : e);
+    const [chosen, from, to] = ri > readyStart ? [ready!, readyStart, ri] : [fallback, fallbackStart, fi];
+    if (!chosen || to === from) continue;
+    // Sorted, so one endpoint listed twice (two slices) is adjacent: merged,
+    // it is local when either listing says so.
+    const list: Endpoint[] = [];
+    for (let i = from; i < to; i++) {
+      const endpoint = chosen[i]!;
+      const prev = list[list.length - 1];
+      if (prev && prev.address === endpoint.address && prev.port === endpoint.port) {
+        if (endpoint.local && !prev.local) list[list.length - 1] = { ...prev, local: true };
+      } else list.push(endpoint);
     }
-    out[family] = [...byKey.values()].sort((a, b) => compareAddresses(a.address, b.address) || a.port - b.port);
+    out[family] = list.slice();
   }
   return out;
 }
 
-/** An address, protocol and port is served by one Service port: the oldest, as the controller decides. */
-function resolveConflicts(claims: Claim[], problems: Problem[]): void {
-  const byFrontend = new Map<string, Claim[]>();
-  for (const c of claims) {
-    const k = `${c.frontend.address}|${c.plan.protocol}|${c.frontend.port}`;
-    let list = byFrontend.get(k);
-    if (!list) byFrontend.set(k, (list = []));
-    list.push(c);
+/** Lists here are short (a Service's endpoints, a plan's frontends), where the built-in sort's setup costs more than the sorting. */
+function insertionSort<T>(list: T[], compare: (a: T, b: T) => number): void {
+  if (list.length > 32) {
+    list.sort(compare);
+    return;
   }
-  for (const list of byFrontend.values()) {
-    list.sort((a, b) => a.owner.created - b.owner.created || compareText(a.owner.id, b.owner.id) || compareText(a.plan.key, b.plan.key));
-    const [winner, ...losers] = list;
-    winner!.plan.frontends.push(winner!.frontend);
-    for (const l of losers) {
-      if (l.owner.id === winner!.owner.id && l.plan.key === winner!.plan.key) continue;
-      problems.push({
-        service: l.owner.id,
-        port: l.portLabel,
-        reason: 'FrontendConflict',
-        message: `Service ${l.owner.id} port ${l.portLabel}: ${l.frontend.address} ${l.plan.protocol} ${l.frontend.port} is already served for ${winner!.owner.id}; not served here`,
-      });
+  for (let i = 1; i < list.length; i++) {
+    const item = list[i]!;
+    let j = i - 1;
+    while (j >= 0 && compare(list[j]!, item) > 0) {
+      list[j + 1] = list[j]!;
+      j--;
     }
+    list[j + 1] = item;
   }
 }
 
-function serviceSortKey(svc: V1Service): string {
+/**
+ * Orders the claims on one frontend, best first, and returns the winner: the
+ * oldest Service, as the controller decides (then by name and plan key).
+ */
+export function rankClaims(list: Claim[]): Claim {
+  if (list.length > 1) list.sort((a, b) => a.owner.created - b.owner.created || compareText(a.owner.id, b.owner.id) || compareText(a.plan.key, b.plan.key));
+  return list[0]!;
+}
+
+/** The losers of a ranked list, as Problems. */
+export function conflictProblems(ranked: readonly Claim[]): Problem[] {
+  const out: Problem[] = [];
+  const winner = ranked[0]!;
+  for (let i = 1; i < ranked.length; i++) {
+    const l = ranked[i]!;
+    if (l.owner.id === winner.owner.id && l.plan.key === winner.plan.key) continue;
+    out.push({
+      service: l.owner.id,
+      port: l.portLabel,
+      reason: 'FrontendConflict',
+      message: `Service ${l.owner.id} port ${l.portLabel}: ${l.frontend.address} ${l.plan.protocol} ${l.frontend.port} is already served for ${winner.owner.id}; not served here`,
+    });
+  }
+  return out;
+}
+
+/**
+ * Services in a total order independent of arrival. Serialising every Service
+ * to break ties would dominate a large model; only equal heads (the same
+ * object twice, in practice never) pay for it.
+ */
+function sortServices(services: V1Service[]): V1Service[] {
+  const decorated = services.map((svc) => ({ svc, head: serviceSortHead(svc), json: undefined as string | undefined }));
+  const json = (d: (typeof decorated)[number]) => (d.json ??= safely(() => JSON.stringify(d.svc), ''));
+  decorated.sort((a, b) => compareText(a.head, b.head) || compareText(json(a), json(b)));
+  return decorated.map((d) => d.svc);
+}
+
+function serviceSortHead(svc: V1Service): string {
   return safely(() => {
     const m = svc.metadata;
-    return [m?.namespace ?? '', m?.name ?? '', m?.uid ?? '', m?.resourceVersion ?? '', safely(() => JSON.stringify(svc), '')].join('\0');
+    return `${m?.namespace ?? ''}\0${m?.name ?? ''}\0${m?.uid ?? ''}\0${m?.resourceVersion ?? ''}`;
   }, '');
 }
 
@@ -534,12 +751,17 @@ function safely<T>(read: () => T, fallback: T): T {
 
 function timestamp(t: unknown): number {
   if (t === undefined || t === null) return Number.POSITIVE_INFINITY;
-  const ms = new Date(t as string | Date).getTime();
+  const ms = t instanceof Date ? t.getTime() : new Date(t as string).getTime();
   return Number.isNaN(ms) ? Number.POSITIVE_INFINITY : ms;
 }
 
-function dedupeProblems(problems: Problem[]): Problem[] {
+export function problemKey(p: Problem): string {
+  return `${p.service}\0${p.port ?? ''}\0${p.reason}\0${p.message}`;
+}
+
+export function dedupeProblems(problems: readonly Problem[]): Problem[] {
+  if (problems.length === 0) return [];
   const byKey = new Map<string, Problem>();
-  for (const p of problems) byKey.set(`${p.service}\0${p.port ?? ''}\0${p.reason}\0${p.message}`, p);
+  for (const p of problems) byKey.set(problemKey(p), p);
   return [...byKey.entries()].sort(([a], [b]) => compareText(a, b)).map(([, p]) => p);
 }

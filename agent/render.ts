@@ -31,9 +31,14 @@
 // /32 suffixes, quoting, the statistic match's rounded probability), so the
 // applier and the tests can compare a ruleset with the kernel's by string
 // equality, for the nft and the legacy backend alike.
+//
+// The pieces (planRules, planEntries, buildGroupTree, assembleRuleset) are
+// exported for the incremental pipeline (pipeline.ts), which keeps each port's
+// rule texts and each group's tree between syncs and rebuilds only the chains a
+// change reaches; renderRuleset is the same pieces run once, from scratch.
 import { createHash } from 'node:crypto';
 import type { Family } from '../lib/contract.ts';
-import { compareAddresses, compareText, type Endpoint, type FamilyModel, type Protocol } from './model.ts';
+import { compareAddresses, compareText, type Endpoint, type FamilyModel, type Protocol, type ServicePortPlan } from './model.ts';
 
 export type TableName = 'nat' | 'filter';
 export const TABLES: readonly TableName[] = ['nat', 'filter'];
@@ -108,32 +113,38 @@ interface RuleSpec {
 
 /** Matches in the order iptables-save prints them for rules written in this order. */
 export function formatRule(r: RuleSpec): string {
-  const out: string[] = [];
-  if (r.s) out.push('-s', r.s);
-  if (r.d) out.push('-d', r.d);
-  if (r.p) out.push('-p', r.p);
-  out.push('-m', 'comment', '--comment', saveString(r.comment));
-  if (r.dport !== undefined) out.push('-m', r.p!, '--dport', r.dport);
+  let out = '';
+  if (r.s) out += `-s ${r.s} `;
+  if (r.d) out += `-d ${r.d} `;
+  if (r.p) out += `-p ${r.p} `;
+  out += `-m comment --comment ${saveString(r.comment)}`;
+  if (r.dport !== undefined) out += ` -m ${r.p!} --dport ${r.dport}`;
   if (r.ct) {
-    out.push('-m', 'conntrack');
-    if (r.ct.notState) out.push('!', '--ctstate', r.ct.notState);
-    if (r.ct.state) out.push('--ctstate', r.ct.state);
-    if (r.ct.proto !== undefined) out.push('--ctproto', String(r.ct.proto));
-    if (r.ct.origsrc) out.push('--ctorigsrc', r.ct.origsrc);
-    if (r.ct.origdst) out.push('--ctorigdst', r.ct.origdst);
-    if (r.ct.origdstport) out.push('--ctorigdstport', r.ct.origdstport);
+    out += ' -m conntrack';
+    if (r.ct.notState) out += ` ! --ctstate ${r.ct.notState}`;
+    if (r.ct.state) out += ` --ctstate ${r.ct.state}`;
+    if (r.ct.proto !== undefined) out += ` --ctproto ${r.ct.proto}`;
+    if (r.ct.origsrc) out += ` --ctorigsrc ${r.ct.origsrc}`;
+    if (r.ct.origdst) out += ` --ctorigdst ${r.ct.origdst}`;
+    if (r.ct.origdstport) out += ` --ctorigdstport ${r.ct.origdstport}`;
   }
-  if (r.probability) out.push('-m', 'statistic', '--mode', 'random', '--probability', r.probability);
-  if (r.notMark) out.push('-m', 'mark', '!', '--mark', r.notMark);
-  out.push('-j', r.target);
-  return out.join(' ');
+  if (r.probability) out += ` -m statistic --mode random --probability ${r.probability}`;
+  if (r.notMark) out += ` -m mark ! --mark ${r.notMark}`;
+  return `${out} -j ${r.target}`;
 }
+
+const BARE = /^[-_0-9A-Za-z]+$/;
+const ESCAPED = /["\\']/;
 
 /** xtables_save_string: bare when made only of [_-0-9A-Za-z], else double-quoted with ", \ and ' escaped. */
 export function saveString(value: string): string {
-  if (/^[-_0-9A-Za-z]+$/.test(value)) return value;
-  return `"${value.replace(/["\\']/g, (c) => `\\${c}`)}"`;
+  if (BARE.test(value)) return value;
+  // Sanitised comments never need escapes; only the quotes are added.
+  const escaped = ESCAPED.test(value) ? value.replace(/["\\']/g, (c) => `\\${c}`) : value;
+  return ['"', escaped, '"'].join('');
 }
+
+const probabilities: string[] = [];
 
 /**
  * The statistic match stores round(p * 2^31) and prints it back as a decimal
@@ -141,6 +152,8 @@ export function saveString(value: string): string {
  * survives a round trip through the kernel unchanged.
  */
 export function probability(n: number): string {
+  const known = probabilities[n];
+  if (known !== undefined) return known;
   const k = BigInt(Math.round(2 ** 31 / n));
   const scaled = k * 10n ** 11n;
   let q = scaled >> 31n;
@@ -148,7 +161,16 @@ export function probability(n: number): string {
   const half = 2n ** 30n;
   if (r > half || (r === half && (q & 1n) === 1n)) q++;
   const s = q.toString().padStart(12, '0');
-  return `${s.slice(0, -11)}.${s.slice(-11)}`;
+  const text = `${s.slice(0, -11)}.${s.slice(-11)}`;
+  if (Number.isInteger(n) && n > 0 && n < 65536) probabilities[n] = text;
+  return text;
+}
+
+const statistics: string[] = [];
+
+/** The match that takes one of n connections; the same string for every rule with n. */
+function statistic(n: number): string {
+  return (statistics[n] ??= ` -m statistic --mode random --probability ${probability(n)}`);
 }
 
 export function hex(n: number): string {
@@ -156,9 +178,13 @@ export function hex(n: number): string {
 }
 
 const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
+const chainNames = new Map<string, string>();
 
 /** `<prefix><16 base32 characters of sha256(seed)>`: 80 bits, stable and at most 28 characters for the prefixes used here. */
 export function chainName(prefix: string, seed: string): string {
+  const memo = `${prefix}\0${seed}`;
+  const known = chainNames.get(memo);
+  if (known !== undefined) return known;
   const digest = createHash('sha256').update(seed).digest();
   let bits = 0;
   let acc = 0;
@@ -173,7 +199,12 @@ export function chainName(prefix: string, seed: string): string {
     acc &= (1 << bits) - 1;
     if (out.length === 16) break;
   }
-  return `${prefix}${out}`;
+  const name = prefix + out;
+  // The same few thousand chains come back on every render; a hash each time
+  // was a visible share of it.
+  if (chainNames.size >= 100_000) chainNames.clear();
+  chainNames.set(memo, name);
+  return name;
 }
 
 // ---------------------------------------------------------------------------
@@ -183,179 +214,307 @@ interface FamilyText {
   host: (a: string) => string;
   /** conntrack prints a full-length prefix as a bare address. */
   ctNet: (cidr: string) => string;
+  /** The DNAT target to an endpoint. */
   dnat: (e: Endpoint) => string;
-  reject: string;
+  rejectTarget: string;
 }
 
 const FAMILY_TEXT: Record<Family, FamilyText> = {
   ipv4: {
-    host: (a) => `${a}/32`,
+    host: (a) => [a, '/32'].join(''),
     ctNet: (c) => (c.endsWith('/32') ? c.slice(0, -3) : c),
-    dnat: (e) => `${e.address}:${e.port}`,
-    reject: 'icmp-port-unreachable',
+    dnat: (e) => ['DNAT --to-destination ', e.address, ':', e.port].join(''),
+    rejectTarget: 'REJECT --reject-with icmp-port-unreachable',
   },
   ipv6: {
-    host: (a) => `${a}/128`,
+    host: (a) => [a, '/128'].join(''),
     ctNet: (c) => (c.endsWith('/128') ? c.slice(0, -4) : c),
-    dnat: (e) => `[${e.address}]:${e.port}`,
-    reject: 'icmp6-port-unreachable',
+    dnat: (e) => ['DNAT --to-destination [', e.address, ']:', e.port].join(''),
+    rejectTarget: 'REJECT --reject-with icmp6-port-unreachable',
   },
 };
 
+/** `MARK --set-xmark <bit>/<bit>` per mark bit. */
+const markTargets: Record<number, string> = {};
+
 // ---------------------------------------------------------------------------
-// Dispatch trees
+// One port's rules
+
+/** The three dispatch trees: nat, filter FORWARD (by conntrack) and filter no-endpoints. */
+export type TreeName = 'nat' | 'forward' | 'noEndpoints';
+export const TREES: readonly TreeName[] = ['nat', 'forward', 'noEndpoints'];
 
 /** How a tree matches a packet: by its destination now (nat, INPUT) or by the connection's original one (after DNAT). */
 type TreeKind = 'dst' | 'ct';
 
-interface TreeSpec {
-  kind: TreeKind;
-  /** Prefix of the tree's own chains. */
-  prefix: string;
+const TREE: Record<TreeName, { kind: TreeKind; prefix: string; table: TableName }> = {
+  nat: { kind: 'dst', prefix: 'PIER-SVCS-', table: 'nat' },
+  forward: { kind: 'ct', prefix: 'PIER-FWD-', table: 'filter' },
+  noEndpoints: { kind: 'dst', prefix: 'PIER-NOEP-', table: 'filter' },
+};
+
+/**
+ * One rule of a port, before the tree adds the matches that select the port
+ * (and, at a tree's root, its address and protocol). Made while a plan is
+ * rendered, not kept: what is kept is the text (PortEntry.inner).
+ */
+export interface PortRule {
+  /** `-s` value (dst trees). */
+  s: string;
+  /** `--ctorigsrc` value (ct trees). */
+  origsrc: string;
+  /** Already quoted for iptables-save. */
+  comment: string;
+  /** ` -m statistic ...` or ''. */
+  statistic: string;
+  target: string;
 }
 
-/** One port's rules, before the tree adds the match that selects the port. */
-interface Entry {
+/** One frontend's rules in one tree: what a tree chain lists for that port. */
+export interface PortEntry {
   port: number;
-  rules: RuleSpec[];
+  /** The rule texts for this port inside a range chain: the very strings the chain holds. */
+  inner: string[];
+  /** Where they come from: the few rules that sit at a tree's root are formatted again from it. */
+  plan: ServicePortPlan;
 }
 
-interface Group {
-  address: string;
-  protocol: Protocol;
-  entries: Entry[];
+/** What one plan contributes to a family's ruleset. */
+export interface PlanRules {
+  /** Its rules in each tree it appears in. */
+  trees: Partial<Record<TreeName, readonly PortRule[]>>;
+  /** Chains of the plan's own (PIER-SVC-, PIER-SRC-), by table. */
+  own: { table: TableName; name: string; rules: string[] }[];
 }
 
-class TreeBuilder {
-  readonly groups = new Map<string, Group>();
-  private readonly spec: TreeSpec;
-  private readonly family: Family;
+function portRule(comment: string, target: string, s = '', origsrc = '', statistic = ''): PortRule {
+  return { s, origsrc, comment, statistic, target };
+}
 
-  constructor(spec: TreeSpec, family: Family) {
-    this.spec = spec;
-    this.family = family;
+/** The rules of one plan, for every tree it appears in. Pure. */
+export function planRules(plan: ServicePortPlan, family: Family, markBit: number): PlanRules {
+  const text = FAMILY_TEXT[family];
+  const comment = saveString(plan.comment);
+  const proto = PROTO[plan.protocol].name;
+  const endpoints = sortedEndpoints(plan.endpoints);
+  const own: PlanRules['own'] = [];
+  if (endpoints.length === 0) return { trees: { noEndpoints: [portRule(comment, text.rejectTarget)] }, own };
+
+  // nat: mark what must be masqueraded, then DNAT, spread when several.
+  const markTarget = markTargets[markBit] ?? (markTargets[markBit] = `MARK --set-xmark ${hex(markBit)}/${hex(markBit)}`);
+  let nat: PortRule[] = [];
+  if (plan.masquerade) nat.push(portRule(comment, markTarget));
+  // Local keeps the client's address, except when a pod reaches itself
+  // through the load balancer: without masquerade its reply would not come
+  // back through this node's conntrack.
+  else for (const e of endpoints) nat.push(portRule(comment, markTarget, text.host(e.address)));
+  const marks = nat.length;
+  for (let i = 0; i < endpoints.length; i++) {
+    const spread = i < endpoints.length - 1 ? statistic(endpoints.length - i) : '';
+    nat.push(portRule(comment, text.dnat(endpoints[i]!), '', '', spread));
+  }
+  // A port whose rules are few sits in the dispatch tree; one chain per port
+  // would make every full restore pay for a user chain.
+  if (nat.length > PORT_CHAIN_RULES) {
+    const name = chainName('PIER-SVC-', `svc|${plan.key}`);
+    const rules = nat.map((r, i) => (i < marks ? `${r.s ? `-s ${r.s} ` : ''}-m comment --comment ${comment} -j ${r.target}` : `-p ${proto} -m comment --comment ${comment}${r.statistic} -j ${r.target}`));
+    own.push({ table: 'nat', name, rules });
+    nat = [portRule(comment, name)];
   }
 
-  add(address: string, protocol: Protocol, entry: Entry): void {
-    const k = `${address}|${protocol}`;
-    let g = this.groups.get(k);
-    if (!g) this.groups.set(k, (g = { address, protocol, entries: [] }));
-    g.entries.push(entry);
-  }
-
-  /** Root rules (for the tree's fixed root chain); its other chains go into `chains`. */
-  build(chains: Map<string, string[]>): string[] {
-    const root: string[] = [];
-    const groups = [...this.groups.values()].sort(
-      (a, b) => compareAddresses(a.address, b.address) || PROTO[a.protocol].number - PROTO[b.protocol].number,
-    );
-    for (const g of groups) {
-      g.entries.sort((a, b) => a.port - b.port);
-      const cost = costOf(g.entries);
-      if (cost <= INLINE_RULES) {
-        for (const e of g.entries) for (const r of e.rules) root.push(formatRule(this.portRule(r, g, String(e.port), true)));
-        continue;
-      }
-      const name = this.chainFor(g, 0, 65535);
-      root.push(formatRule(this.groupJump(g, name)));
-      chains.set(name, this.node(g, 0, 16, g.entries, chains));
+  // filter: accept the DNATed connection, checking its source when restricted.
+  let accept: PortRule[] = [portRule(comment, 'ACCEPT')];
+  if (plan.restrictSources) {
+    accept = [...plan.sourceRanges.map((cidr) => portRule(comment, 'ACCEPT', '', text.ctNet(cidr))), portRule(comment, 'DROP')];
+    if (accept.length > PORT_CHAIN_RULES) {
+      const name = chainName('PIER-SRC-', `src|${plan.key}`);
+      const rules = accept.map((r) => `-m comment --comment ${comment}${r.origsrc ? ` -m conntrack --ctorigsrc ${r.origsrc}` : ''} -j ${r.target}`);
+      own.push({ table: 'filter', name, rules });
+      accept = [portRule(comment, name)];
     }
-    return root;
   }
+  return { trees: { nat, forward: accept }, own };
+}
 
-  /**
-   * The rules of the chain for the aligned range [lo, lo + 2^bits). The
-   * binary trie over port bits is cut where a subtree's tier (how many
-   * TIER_FACTORs of LEAF_RULES its rules need) drops below this chain's: those
-   * subtrees are the chain's children. A tier depends only on the rules inside
-   * the range, so adding a port can change only the chains on its own path.
-   */
-  private node(g: Group, lo: number, bits: number, entries: Entry[], chains: Map<string, string[]>): string[] {
+/** A plan's entries in one tree, one per frontend, with their text for a range chain. */
+export function planEntries(plan: ServicePortPlan, tree: TreeName, rules: readonly PortRule[]): PortEntry[] {
+  return plan.frontends.map((f) => ({ port: f.port, inner: portTexts(tree, plan.protocol, rules, f.port, undefined), plan }));
+}
+
+/**
+ * A port's rules as a tree chain lists them; `root` adds the group's address
+ * and protocol match. Each rule is put together as one flat string: a
+ * template literal would keep it as a tree of a dozen string pieces, which at
+ * 40,000 rules costs more memory and garbage-collection time than copying.
+ */
+function portTexts(tree: TreeName, protocol: Protocol, rules: readonly PortRule[], port: number, root: string | undefined): string[] {
+  const p = PROTO[protocol];
+  const out = new Array<string>(rules.length);
+  for (let i = 0; i < rules.length; i++) {
+    const r = rules[i]!;
+    out[i] =
+      TREE[tree].kind === 'dst'
+        ? [r.s ? `-s ${r.s} ` : '', root ? `-d ${root} ` : '', '-p ', p.name, ' -m comment --comment ', r.comment, ' -m ', p.name, ' --dport ', port, r.statistic, ' -j ', r.target].join('')
+        : ['-m comment --comment ', r.comment, ' -m conntrack', root ? ` --ctproto ${p.number}` : '', r.origsrc ? ` --ctorigsrc ${r.origsrc}` : '', root ? ` --ctorigdst ${root}` : '', ' --ctorigdstport ', port, ' -j ', r.target].join('');
+  }
+  return out;
+}
+
+function sortedEndpoints(endpoints: readonly Endpoint[]): readonly Endpoint[] {
+  const compare = (a: Endpoint, b: Endpoint) => compareAddresses(a.address, b.address) || a.port - b.port;
+  // The model hands them over sorted; only other callers pay for a copy.
+  for (let i = 1; i < endpoints.length; i++) if (compare(endpoints[i - 1]!, endpoints[i]!) > 0) return [...endpoints].sort(compare);
+  return endpoints;
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch trees
+
+/** One chain of a group's tree, and the chains it jumps to. */
+export interface TreeChain {
+  rules: string[];
+  children: string[];
+}
+
+/** What one (address, protocol) group adds to a tree: rules in the tree's root chain, and its chains below. */
+export interface GroupTree {
+  root: string[];
+  chains: Map<string, TreeChain>;
+}
+
+/** A group's previous tree, and which of its ports changed since: chains whose range holds none of them are taken over as they are. */
+export interface GroupReuse {
+  tree: GroupTree;
+  /** Sorted. */
+  changedPorts: readonly number[];
+}
+
+/**
+ * The chains for one address and protocol. `entries` are sorted by port.
+ *
+ * Each chain covers an aligned port range [lo, lo + 2^bits). The binary trie
+ * over port bits is cut where a subtree's tier (how many TIER_FACTORs of
+ * LEAF_RULES its rules need) drops below its chain's: those subtrees are the
+ * chain's children. A tier depends only on the rules inside the range, so
+ * adding a port can change only the chains on its own path, and a chain whose
+ * range holds no changed port is the chain it was.
+ */
+export function buildGroupTree(
+  tree: TreeName,
+  family: Family,
+  markBit: number,
+  address: string,
+  protocol: Protocol,
+  entries: readonly PortEntry[],
+  reuse?: GroupReuse,
+): GroupTree {
+  const { kind, prefix } = TREE[tree];
+  const proto = PROTO[protocol];
+  const host = FAMILY_TEXT[family].host(address);
+  const chains = new Map<string, TreeChain>();
+  const n = entries.length;
+  const costs = new Array<number>(n + 1);
+  costs[0] = 0;
+  for (let i = 0; i < n; i++) costs[i + 1] = costs[i]! + entries[i]!.inner.length;
+  const cost = (i: number, j: number) => costs[j]! - costs[i]!;
+
+  const dispatchComment = (range?: string) => saveString(`dispatch/${proto.name}/${address}${range ? `/${range}` : ''}`);
+  const chainFor = (lo: number, hi: number) => chainName(prefix, `${prefix}|${family}|${address}|${protocol}|${lo}-${hi}`);
+
+  const inline = (rules: string[], i: number, j: number, atRoot: boolean) => {
+    for (let k = i; k < j; k++) {
+      const e = entries[k]!;
+      // Only a group of a few rules sits in the root chain: formatting its
+      // plans' rules again costs less than keeping them.
+      const texts = atRoot ? portTexts(tree, protocol, planRules(e.plan, family, markBit).trees[tree]!, e.port, kind === 'dst' ? host : address) : e.inner;
+      for (const t of texts) rules.push(t);
+    }
+  };
+  /** First index in [i, j) whose port is >= port. */
+  const lowerBound = (port: number, i: number, j: number) => {
+    while (i < j) {
+      const mid = (i + j) >>> 1;
+      if (entries[mid]!.port < port) i = mid + 1;
+      else j = mid;
+    }
+    return i;
+  };
+  const changedWithin = (lo: number, hi: number) => {
+    const ports = reuse!.changedPorts;
+    let a = 0;
+    let b = ports.length;
+    while (a < b) {
+      const mid = (a + b) >>> 1;
+      if (ports[mid]! < lo) a = mid + 1;
+      else b = mid;
+    }
+    return a < ports.length && ports[a]! <= hi;
+  };
+  const takeOver = (name: string) => {
+    const c = reuse!.tree.chains.get(name)!;
+    chains.set(name, c);
+    for (const child of c.children) takeOver(child);
+  };
+
+  /** Builds (or takes over) the chain for [lo, lo + 2^bits) holding entries [i, j); returns its name. */
+  const chain = (lo: number, bits: number, i: number, j: number): string => {
+    const hi = lo + 2 ** bits - 1;
+    const name = chainFor(lo, hi);
+    if (reuse && reuse.tree.chains.has(name) && !changedWithin(lo, hi)) {
+      takeOver(name);
+      return name;
+    }
     const rules: string[] = [];
-    const inline = (list: Entry[]) => {
-      for (const e of list) for (const r of e.rules) rules.push(formatRule(this.portRule(r, g, String(e.port), false)));
-    };
-    const t = tier(costOf(entries));
-    if (t === 0) {
-      inline(entries);
-      return rules;
-    }
-    const frontier: Span[] = [];
-    const descend = (span: Span) => {
-      if (span.bits === 0) return void frontier.push(span);
-      for (const half of halves(span)) {
-        if (tier(costOf(half.entries)) < t) frontier.push(half);
-        else descend(half);
+    const children: string[] = [];
+    const t = tier(cost(i, j));
+    if (t === 0) inline(rules, i, j, false);
+    else {
+      const frontier: number[] = [];
+      const descend = (lo: number, bits: number, i: number, j: number) => {
+        if (bits === 0) return void frontier.push(lo, bits, i, j);
+        const mid = lo + 2 ** (bits - 1);
+        const cut = lowerBound(mid, i, j);
+        if (cut > i) {
+          if (tier(cost(i, cut)) < t) frontier.push(lo, bits - 1, i, cut);
+          else descend(lo, bits - 1, i, cut);
+        }
+        if (j > cut) {
+          if (tier(cost(cut, j)) < t) frontier.push(mid, bits - 1, cut, j);
+          else descend(mid, bits - 1, cut, j);
+        }
+      };
+      descend(lo, bits, i, j);
+      for (let f = 0; f < frontier.length; f += 4) {
+        const [slo, sbits, si, sj] = [frontier[f]!, frontier[f + 1]!, frontier[f + 2]!, frontier[f + 3]!];
+        if (sbits === 0 || cost(si, sj) <= INLINE_RULES) {
+          inline(rules, si, sj, false);
+          continue;
+        }
+        const child = chain(slo, sbits, si, sj);
+        const range = `${slo}:${slo + 2 ** sbits - 1}`;
+        const comment = dispatchComment(range.replace(':', '-'));
+        rules.push(kind === 'dst' ? `-p ${proto.name} -m comment --comment ${comment} -m ${proto.name} --dport ${range} -j ${child}` : `-m comment --comment ${comment} -m conntrack --ctorigdstport ${range} -j ${child}`);
+        children.push(child);
       }
-    };
-    descend({ lo, bits, entries });
-    for (const span of frontier) {
-      if (span.bits === 0 || costOf(span.entries) <= INLINE_RULES) {
-        inline(span.entries);
-        continue;
-      }
-      const hi = span.lo + 2 ** span.bits - 1;
-      const name = this.chainFor(g, span.lo, hi);
-      rules.push(formatRule(this.rangeJump(g, `${span.lo}:${hi}`, name)));
-      chains.set(name, this.node(g, span.lo, span.bits, span.entries, chains));
     }
-    return rules;
-  }
+    // A rebuilt chain that came out the same keeps its array: the applier's
+    // diff then skips it by identity.
+    const before = reuse?.tree.chains.get(name);
+    chains.set(name, { rules: before && sameStrings(before.rules, rules) ? before.rules : rules.slice(), children: children.length > 0 ? children.slice() : NO_CHILDREN });
+    return name;
+  };
 
-  private chainFor(g: Group, lo: number, hi: number): string {
-    return chainName(this.spec.prefix, `${this.spec.prefix}|${this.family}|${g.address}|${g.protocol}|${lo}-${hi}`);
+  const root: string[] = [];
+  if (cost(0, n) <= INLINE_RULES) inline(root, 0, n, true);
+  else {
+    const name = chain(0, 16, 0, n);
+    const comment = dispatchComment();
+    root.push(kind === 'dst' ? `-d ${host} -p ${proto.name} -m comment --comment ${comment} -j ${name}` : `-m comment --comment ${comment} -m conntrack --ctproto ${proto.number} --ctorigdst ${address} -j ${name}`);
   }
-
-  private dispatchComment(g: Group, range?: string): string {
-    return `dispatch/${PROTO[g.protocol].name}/${g.address}${range ? `/${range.replace(':', '-')}` : ''}`;
-  }
-
-  private groupJump(g: Group, chain: string): RuleSpec {
-    const comment = this.dispatchComment(g);
-    if (this.spec.kind === 'dst') return { d: FAMILY_TEXT[this.family].host(g.address), p: PROTO[g.protocol].name, comment, target: chain };
-    return { comment, ct: { proto: PROTO[g.protocol].number, origdst: g.address }, target: chain };
-  }
-
-  private rangeJump(g: Group, range: string, chain: string): RuleSpec {
-    const comment = this.dispatchComment(g, range);
-    if (this.spec.kind === 'dst') return { p: PROTO[g.protocol].name, dport: range, comment, target: chain };
-    return { comment, ct: { origdstport: range }, target: chain };
-  }
-
-  /** A port's rule with the matches that select it; `atRoot` adds the group's address and protocol. */
-  private portRule(r: RuleSpec, g: Group, port: string, atRoot: boolean): RuleSpec {
-    if (this.spec.kind === 'dst') {
-      return { ...r, ...(atRoot ? { d: FAMILY_TEXT[this.family].host(g.address) } : {}), p: PROTO[g.protocol].name, dport: port };
-    }
-    const ct = atRoot ? { proto: PROTO[g.protocol].number, origdst: g.address, origdstport: port } : { origdstport: port };
-    return { ...r, ct: { ...r.ct, ...ct } };
-  }
+  return { root: reuse && sameStrings(reuse.tree.root, root) ? reuse.tree.root : root, chains };
 }
 
-function costOf(entries: Entry[]): number {
-  let n = 0;
-  for (const e of entries) n += e.rules.length;
-  return n;
-}
-
-interface Span {
-  lo: number;
-  bits: number;
-  /** Sorted by port, all within [lo, lo + 2^bits). */
-  entries: Entry[];
-}
-
-function halves(span: Span): Span[] {
-  const bits = span.bits - 1;
-  const mid = span.lo + 2 ** bits;
-  const cut = span.entries.findIndex((e) => e.port >= mid);
-  const low = cut < 0 ? span.entries : span.entries.slice(0, cut);
-  const high = cut < 0 ? [] : span.entries.slice(cut);
-  return [
-    { lo: span.lo, bits, entries: low },
-    { lo: mid, bits, entries: high },
-  ].filter((s) => s.entries.length > 0);
-}
+const NO_CHILDREN: string[] = [];
 
 function tier(cost: number): number {
   let t = 0;
@@ -363,120 +522,129 @@ function tier(cost: number): number {
   return t;
 }
 
+export function sameStrings(a: readonly string[] | undefined, b: readonly string[]): boolean {
+  if (a === b) return true;
+  if (!a || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/** Groups in the order the root chain lists them: by address, then protocol number. */
+export function compareGroups(a: { address: string; protocol: Protocol }, b: { address: string; protocol: Protocol }): number {
+  return compareAddresses(a.address, b.address) || PROTO[a.protocol].number - PROTO[b.protocol].number;
+}
+
 // ---------------------------------------------------------------------------
 // The ruleset
 
-export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset {
-  const { markBit } = config;
+/** The parts of a ruleset that do not depend on the model. */
+export interface FixedRules {
+  postrouting: string[];
+  forwardHead: string;
+  canary: string[];
+  nat: Jump[];
+  filter: Jump[];
+}
+
+const fixedRulesCache = new Map<number, FixedRules>();
+
+export function fixedRules(markBit: number): FixedRules {
   if (!Number.isInteger(markBit) || markBit <= 0 || markBit > 0xffffffff) throw new RangeError(`markBit ${markBit} is not a mark mask`);
-  const family = model.family;
-  const text = FAMILY_TEXT[family];
-  const mark = `${hex(markBit)}/${hex(markBit)}`;
-
-  const natChains = new Map<string, string[]>();
-  const filterChains = new Map<string, string[]>();
-  const nat = new TreeBuilder({ kind: 'dst', prefix: 'PIER-SVCS-' }, family);
-  const forward = new TreeBuilder({ kind: 'ct', prefix: 'PIER-FWD-' }, family);
-  const noEndpoints = new TreeBuilder({ kind: 'dst', prefix: 'PIER-NOEP-' }, family);
-
-  const plans = [...model.ports].sort((a, b) => compareText(a.key, b.key));
-  for (const plan of plans) {
-    const comment = plan.comment;
-    const endpoints = [...plan.endpoints].sort((a, b) => compareAddresses(a.address, b.address) || a.port - b.port);
-    const frontends = plan.frontends;
-    if (endpoints.length === 0) {
-      const reject: RuleSpec = { comment, target: `REJECT --reject-with ${text.reject}` };
-      for (const f of frontends) noEndpoints.add(f.address, plan.protocol, { port: f.port, rules: [reject] });
-      continue;
-    }
-
-    // nat: mark what must be masqueraded, then DNAT, spread when several.
-    const marks: RuleSpec[] = plan.masquerade
-      ? [{ comment, target: `MARK --set-xmark ${mark}` }]
-      : // Local keeps the client's address, except when a pod reaches itself
-        // through the load balancer: without masquerade its reply would not
-        // come back through this node's conntrack.
-        endpoints.map((e) => ({ s: text.host(e.address), comment, target: `MARK --set-xmark ${mark}` }));
-    const dnats: RuleSpec[] = endpoints.map((e, i) => ({
-      p: PROTO[plan.protocol].name,
-      comment,
-      ...(i < endpoints.length - 1 ? { probability: probability(endpoints.length - i) } : {}),
-      target: `DNAT --to-destination ${text.dnat(e)}`,
-    }));
-    // A port whose rules are few sits in the dispatch tree; one chain per port
-    // would make every full restore pay for a user chain.
-    const own = [...marks, ...dnats];
-    let natEntry: RuleSpec[] = own;
-    if (own.length > PORT_CHAIN_RULES) {
-      const svcChain = chainName('PIER-SVC-', `svc|${plan.key}`);
-      natChains.set(svcChain, own.map(formatRule));
-      natEntry = [{ comment, target: svcChain }];
-    }
-    for (const f of frontends) nat.add(f.address, plan.protocol, { port: f.port, rules: natEntry.map(stripProto) });
-
-    // filter: accept the DNATed connection, checking its source when restricted.
-    let accept: RuleSpec[] = [{ comment, target: 'ACCEPT' }];
-    if (plan.restrictSources) {
-      accept = [
-        ...plan.sourceRanges.map((cidr): RuleSpec => ({ comment, ct: { origsrc: text.ctNet(cidr) }, target: 'ACCEPT' })),
-        { comment, target: 'DROP' },
-      ];
-      if (accept.length > PORT_CHAIN_RULES) {
-        const srcChain = chainName('PIER-SRC-', `src|${plan.key}`);
-        filterChains.set(srcChain, accept.map(formatRule));
-        accept = [{ comment, target: srcChain }];
-      }
-    }
-    for (const f of frontends) forward.add(f.address, plan.protocol, { port: f.port, rules: accept });
-  }
-
+  const known = fixedRulesCache.get(markBit);
+  if (known) return known;
   const tag = (name: string) => `pier/${name}`;
-  natChains.set(SERVICES_CHAIN, nat.build(natChains));
-  natChains.set(POSTROUTING_CHAIN, [
-    formatRule({ comment: tag('postrouting'), notMark: mark, target: 'RETURN' }),
-    // XOR clears the bit: only marked packets get here.
-    formatRule({ comment: tag('postrouting'), target: `MARK --set-xmark ${hex(markBit)}/0x0` }),
-    formatRule({ comment: tag('postrouting'), target: 'MASQUERADE' }),
-  ]);
-  natChains.set(CANARY_CHAIN, [CANARY_RULE]);
-
-  filterChains.set(FORWARD_CHAIN, [
+  const mark = `${hex(markBit)}/${hex(markBit)}`;
+  const fixed: FixedRules = {
+    postrouting: [
+      formatRule({ comment: tag('postrouting'), notMark: mark, target: 'RETURN' }),
+      // XOR clears the bit: only marked packets get here.
+      formatRule({ comment: tag('postrouting'), target: `MARK --set-xmark ${hex(markBit)}/0x0` }),
+      formatRule({ comment: tag('postrouting'), target: 'MASQUERADE' }),
+    ],
     // Most forwarded packets are not DNATed at all: one rule sends them back.
-    formatRule({ comment: tag('forward'), ct: { notState: 'DNAT' }, target: 'RETURN' }),
-    ...forward.build(filterChains),
-  ]);
-  filterChains.set(NOENDPOINTS_CHAIN, noEndpoints.build(filterChains));
-  filterChains.set(CANARY_CHAIN, [CANARY_RULE]);
+    forwardHead: formatRule({ comment: tag('forward'), ct: { notState: 'DNAT' }, target: 'RETURN' }),
+    canary: [CANARY_RULE],
+    nat: [
+      { chain: 'PREROUTING', rule: formatRule({ comment: tag('services'), target: SERVICES_CHAIN }) },
+      { chain: 'OUTPUT', rule: formatRule({ comment: tag('services'), target: SERVICES_CHAIN }) },
+      { chain: 'POSTROUTING', rule: formatRule({ comment: tag('postrouting'), target: POSTROUTING_CHAIN }) },
+    ],
+    filter: [
+      { chain: 'INPUT', rule: formatRule({ comment: tag('noendpoints'), ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
+      { chain: 'FORWARD', rule: formatRule({ comment: tag('forward'), target: FORWARD_CHAIN }) },
+      { chain: 'OUTPUT', rule: formatRule({ comment: tag('noendpoints'), ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
+    ],
+  };
+  fixedRulesCache.set(markBit, fixed);
+  return fixed;
+}
 
+/** Everything a ruleset is made of besides the fixed rules. */
+export interface RulesetParts {
+  family: Family;
+  fixed: FixedRules;
+  /** PIER-SERVICES: the nat tree's root. */
+  services: string[];
+  /** PIER-FORWARD: fixed.forwardHead, then the forward tree's root. */
+  forward: string[];
+  /** PIER-NOENDPOINTS: the no-endpoints tree's root. */
+  noEndpoints: string[];
+  /** Every tree chain and every plan's own chain, by table. */
+  chains: Record<TableName, Iterable<[string, string[]]>>;
+}
+
+export function assembleRuleset(parts: RulesetParts): Ruleset {
+  const { fixed } = parts;
+  const nat: [string, string[]][] = [...parts.chains.nat];
+  nat.push([SERVICES_CHAIN, parts.services], [POSTROUTING_CHAIN, fixed.postrouting], [CANARY_CHAIN, fixed.canary]);
+  const filter: [string, string[]][] = [...parts.chains.filter];
+  filter.push([FORWARD_CHAIN, parts.forward], [NOENDPOINTS_CHAIN, parts.noEndpoints], [CANARY_CHAIN, fixed.canary]);
+  const sorted = (list: [string, string[]][]) => new Map(list.sort(([a], [b]) => compareText(a, b)));
   return {
-    family,
+    family: parts.family,
     tables: {
-      nat: {
-        chains: sortChains(natChains),
-        jumps: [
-          { chain: 'PREROUTING', rule: formatRule({ comment: tag('services'), target: SERVICES_CHAIN }) },
-          { chain: 'OUTPUT', rule: formatRule({ comment: tag('services'), target: SERVICES_CHAIN }) },
-          { chain: 'POSTROUTING', rule: formatRule({ comment: tag('postrouting'), target: POSTROUTING_CHAIN }) },
-        ],
-      },
-      filter: {
-        chains: sortChains(filterChains),
-        jumps: [
-          { chain: 'INPUT', rule: formatRule({ comment: tag('noendpoints'), ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
-          { chain: 'FORWARD', rule: formatRule({ comment: tag('forward'), target: FORWARD_CHAIN }) },
-          { chain: 'OUTPUT', rule: formatRule({ comment: tag('noendpoints'), ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
-        ],
-      },
+      nat: { chains: sorted(nat), jumps: fixed.nat },
+      filter: { chains: sorted(filter), jumps: fixed.filter },
     },
   };
 }
 
-/** The tree adds `-p` together with the port match; a DNAT rule's own `-p` would repeat it. */
-function stripProto(r: RuleSpec): RuleSpec {
-  const { p: _p, ...rest } = r;
-  return rest;
+/** Which table a tree's chains live in. */
+export function treeTable(tree: TreeName): TableName {
+  return TREE[tree].table;
 }
 
-function sortChains(chains: Map<string, string[]>): Map<string, string[]> {
-  return new Map([...chains.entries()].sort(([a], [b]) => compareText(a, b)));
+export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset {
+  const fixed = fixedRules(config.markBit);
+  const family = model.family;
+  const groups: Record<TreeName, Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map() };
+  const chains: Record<TableName, [string, string[]][]> = { nat: [], filter: [] };
+  const plans = [...model.ports].sort((a, b) => compareText(a.key, b.key));
+  for (const plan of plans) {
+    const r = planRules(plan, family, config.markBit);
+    for (const c of r.own) chains[c.table].push([c.name, c.rules]);
+    for (const tree of TREES) {
+      const rules = r.trees[tree];
+      if (!rules) continue;
+      const entries = planEntries(plan, tree, rules);
+      for (let i = 0; i < entries.length; i++) {
+        const f = plan.frontends[i]!;
+        const k = `${f.address}|${plan.protocol}`;
+        let g = groups[tree].get(k);
+        if (!g) groups[tree].set(k, (g = { address: f.address, protocol: plan.protocol, entries: [] }));
+        g.entries.push(entries[i]!);
+      }
+    }
+  }
+  const roots: Record<TreeName, string[]> = { nat: [], forward: [fixed.forwardHead], noEndpoints: [] };
+  for (const tree of TREES) {
+    for (const g of [...groups[tree].values()].sort(compareGroups)) {
+      // Stable: two plans on one port (only hand-made models have them) keep their key order.
+      g.entries.sort((a, b) => a.port - b.port);
+      const t = buildGroupTree(tree, family, config.markBit, g.address, g.protocol, g.entries);
+      for (const r of t.root) roots[tree].push(r);
+      for (const [name, c] of t.chains) chains[TREE[tree].table].push([name, c.rules]);
+    }
+  }
+  return assembleRuleset({ family, fixed, services: roots.nat, forward: roots.forward, noEndpoints: roots.noEndpoints, chains });
 }

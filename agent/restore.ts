@@ -15,12 +15,20 @@ export interface RestoreOptions {
   previous?: Ruleset;
   /** pier chains present in the kernel per table (e.g. from parseSave); those no longer wanted are deleted. */
   existingChains?: Partial<Record<TableName, Iterable<string>>>;
+  /** Rules in built-in chains to delete (before any chain is) and to insert at the top of their chain (in reverse, so the listed order holds). */
+  jumps?: Partial<Record<TableName, JumpEdits>>;
+}
+
+export interface JumpEdits {
+  remove: { chain: string; rule: string }[];
+  insert: { chain: string; rule: string }[];
 }
 
 /**
  * The --noflush payload that turns `previous` (or, without it, whatever pier
- * chains exist) into `next`. Jumps from built-in chains are not included: the
- * applier checks those one by one. Empty when nothing changes.
+ * chains exist) into `next`. Jumps from built-in chains are only included as
+ * `jumps` says: the applier decides those from a save. Empty when nothing
+ * changes.
  */
 export function restoreText(next: Ruleset, opts: RestoreOptions = {}): string {
   const out: string[] = [];
@@ -30,6 +38,8 @@ export function restoreText(next: Ruleset, opts: RestoreOptions = {}): string {
     const remove: string[] = [];
     if (opts.previous) {
       const had = opts.previous.tables[table].chains;
+      // Chains the renderer kept from the previous ruleset are the same
+      // arrays: those cost a pointer comparison each.
       for (const [chain, rules] of want) if (!sameRules(had.get(chain), rules)) write.push(chain);
       for (const chain of had.keys()) if (!want.has(chain)) remove.push(chain);
     } else {
@@ -42,14 +52,23 @@ export function restoreText(next: Ruleset, opts: RestoreOptions = {}): string {
         remove.push(chain);
       }
     }
-    if (write.length === 0 && remove.length === 0) continue;
+    const jumps = opts.jumps?.[table];
+    if (write.length === 0 && remove.length === 0 && !jumps?.remove.length && !jumps?.insert.length) continue;
     remove.sort();
     out.push(`*${table}`);
     // Flushing a doomed chain first drops its references to other chains, so
     // every -X below succeeds whatever order the chains referenced each other in.
     for (const chain of [...write, ...remove]) out.push(`:${chain} - [0:0]`);
-    for (const chain of write) for (const rule of want.get(chain)!) out.push(`-A ${chain} ${rule}`);
+    for (const chain of write) {
+      const rules = want.get(chain)!;
+      // One join per chain rather than a string per rule: at 10,000 ports the
+      // payload is megabytes.
+      if (rules.length > 0) out.push(`-A ${chain} ${rules.join(`\n-A ${chain} `)}`);
+    }
+    // A jump goes before its chain can.
+    for (const j of jumps?.remove ?? []) out.push(`-D ${j.chain} ${j.rule}`);
     for (const chain of remove) out.push(`-X ${chain}`);
+    for (const j of [...(jumps?.insert ?? [])].reverse()) out.push(`-I ${j.chain} 1 ${j.rule}`);
     out.push('COMMIT');
   }
   return out.length === 0 ? '' : `${out.join('\n')}\n`;
@@ -150,6 +169,7 @@ export function parseSave(text: string): SavedTables {
 }
 
 function sameRules(a: string[] | undefined, b: string[]): boolean {
+  if (a === b) return true;
   if (!a || a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;

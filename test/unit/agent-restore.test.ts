@@ -199,6 +199,23 @@ describe('restoreText', () => {
     );
   });
 
+  it('puts jump edits in the same transaction: deletions before any chain is deleted, insertions last and in reverse', () => {
+    const [r] = rulesets({ services: [] });
+    const jumps = {
+      nat: { remove: [{ chain: 'PREROUTING', rule: '-j PIER-OLD' }], insert: r!.tables.nat.jumps },
+      filter: { remove: [], insert: [] },
+    };
+    const lines = restoreText(r!, { existingChains: { nat: ['PIER-OLD'] }, jumps }).split('\n');
+    const nat = lines.slice(lines.indexOf('*nat'), lines.indexOf('COMMIT') + 1);
+    const at = (prefix: string) => nat.findIndex((l) => l.startsWith(prefix));
+    expect(at('-D PREROUTING -j PIER-OLD')).toBeGreaterThan(at('-A '));
+    expect(at('-D PREROUTING -j PIER-OLD')).toBeLessThan(at('-X PIER-OLD'));
+    expect(nat.slice(-1 - r!.tables.nat.jumps.length, -1)).toEqual([...r!.tables.nat.jumps].reverse().map((j) => `-I ${j.chain} 1 ${j.rule}`));
+    // A table with nothing but jump edits still gets its block.
+    const onlyJumps = restoreText(r!, { previous: r!, jumps: { filter: { remove: [], insert: r!.tables.filter.jumps } } });
+    expect(onlyJumps.split('\n').filter((l) => l !== '')).toEqual(['*filter', ...[...r!.tables.filter.jumps].reverse().map((j) => `-I ${j.chain} 1 ${j.rule}`), 'COMMIT']);
+  });
+
   it('recovers from an outside flush of pier chains', () => {
     fc.assert(
       fc.property(worldArb, (w) => {
