@@ -35,32 +35,30 @@ function ruleset(n: number, moved = 0): Ruleset {
   return renderRuleset(model.ipv4, { markBit: 0x2000 });
 }
 
+/** pier's chains, their rules, and the jumps into them, from iptables-save output. */
+function pierLines(save: string): string[] {
+  const out: string[] = [];
+  for (const [table, chains] of parseSave(save)) {
+    for (const [chain, rules] of chains) {
+      if (chain.startsWith('PIER-')) out.push(`${table} :${chain}`);
+      for (const r of rules) if (chain.startsWith('PIER-') || r.includes('PIER-')) out.push(`${table} -A ${chain} ${r}`);
+    }
+  }
+  return out.sort();
+}
+
 describe('Applier', () => {
   let s: Scratch;
   let calls: { file: string; args: string[]; input?: string }[];
   let failNextRestore: boolean;
   let xt: Xtables;
-  const pierState = async () => {
-    const saved = parseSave((await s.exec('iptables-save', [])).stdout);
-    const out: string[] = [];
-    for (const [table, chains] of saved) for (const [chain, rules] of chains) {
-      if (chain.startsWith('PIER-')) out.push(`${table} :${chain}`);
-      for (const r of rules) if (chain.startsWith('PIER-') || r.includes('PIER-')) out.push(`${table} -A ${chain} ${r}`);
-    }
-    return out.sort();
-  };
+  const pierState = async () => pierLines((await s.exec('iptables-save', [])).stdout);
+  /** What the applier makes of an empty namespace: the reference state. */
   const expected = async (rs: Ruleset) => {
     const t = await scratchNamespace();
     try {
-      const a = new Applier(new Xtables('ipv4', 'nft', commandRunner(['ip', 'netns', 'exec', t.ns])));
-      await a.apply(rs);
-      const saved = parseSave((await t.exec('iptables-save', [])).stdout);
-      const out: string[] = [];
-      for (const [table, chains] of saved) for (const [chain, rules] of chains) {
-        if (chain.startsWith('PIER-')) out.push(`${table} :${chain}`);
-        for (const r of rules) if (chain.startsWith('PIER-') || r.includes('PIER-')) out.push(`${table} -A ${chain} ${r}`);
-      }
-      return out.sort();
+      await new Applier(new Xtables('ipv4', 'nft', commandRunner(['ip', 'netns', 'exec', t.ns]))).apply(rs);
+      return pierLines((await t.exec('iptables-save', [])).stdout);
     } finally {
       await t.destroy();
     }
