@@ -47,7 +47,8 @@ class BookmarkingWatch extends Watch {
   ): Promise<AbortController> {
     if (this.stopped) return new AbortController();
     this.onWatch();
-    const controller = await super.watch(path, { ...queryParams, allowWatchBookmarks: true }, callback, done);
+    const slim = (phase: string, obj: any, watchObj?: any) => callback(phase, dropManagedFields(obj), watchObj);
+    const controller = await super.watch(path, { ...queryParams, allowWatchBookmarks: true }, slim, done);
     if (this.stopped) controller.abort();
     this.current = controller;
     return controller;
@@ -56,6 +57,16 @@ class BookmarkingWatch extends Watch {
     this.stopped = true;
     this.current?.abort();
   }
+}
+
+/**
+ * Server-side apply bookkeeping is often the largest part of an object and
+ * pier never reads it; caches of thousands of Services should not hold it.
+ */
+function dropManagedFields<O>(obj: O): O {
+  const meta = (obj as { metadata?: { managedFields?: unknown } } | undefined)?.metadata;
+  if (meta && meta.managedFields !== undefined) delete meta.managedFields;
+  return obj;
 }
 
 export class ResilientInformer<T extends KubernetesObject> {
@@ -84,7 +95,12 @@ export class ResilientInformer<T extends KubernetesObject> {
     this.delayMs = this.initialMs;
     this.synced = new Promise((resolve) => (this.markSynced = resolve));
     this.watch = new BookmarkingWatch(opts.kc, () => this.onWatchStage());
-    this.lw = new ListWatch<T>(opts.path, this.watch, opts.list, false, opts.labelSelector, opts.fieldSelector);
+    const list = async () => {
+      const l = await opts.list();
+      for (const item of l.items) dropManagedFields(item);
+      return l;
+    };
+    this.lw = new ListWatch<T>(opts.path, this.watch, list, false, opts.labelSelector, opts.fieldSelector);
     this.lw.on('error', (err) => this.onError(err));
   }
 

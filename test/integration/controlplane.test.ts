@@ -71,6 +71,9 @@ describe('control plane and resilient informer', () => {
     await Promise.all([services.synced, nodes.synced, slices.synced]);
 
     expect(services.get('web', NS)?.spec?.type).toBe('LoadBalancer');
+    // The server keeps managedFields; the cache drops them (pier never reads them).
+    expect((await core.readNamespacedService({ name: 'web', namespace: NS })).metadata?.managedFields?.length).toBeGreaterThan(0);
+    expect(services.get('web', NS)?.metadata?.managedFields).toBeUndefined();
     expect(nodes.get('node-a')?.metadata?.name).toBe('node-a');
     expect(slices.get('web-ipv4', NS)?.endpoints?.[0]?.addresses).toEqual(['198.19.1.10']);
 
