@@ -17,7 +17,7 @@
 //    kept while it is valid; ports are drawn only for what holds nothing, so
 //    that feeding this function its own output returns the same output.
 import type { V1EndpointSlice, V1Lease, V1Node, V1Service, V1ServicePort } from '@kubernetes/client-node';
-import { IPv4, IPv6, Validator } from 'ip-num';
+import { parseAddress, type ParsedAddress as Address } from '../lib/address.ts';
 
 import {
   EXCLUDE_FROM_LB_LABEL,
@@ -28,6 +28,7 @@ import {
   PORT_MODE,
   agentLeaseName,
   type Family,
+  isPierService,
 } from '../lib/contract.ts';
 import { leaseIsFresh } from '../lib/lease.ts';
 
@@ -169,66 +170,13 @@ export function serviceKey(svc: V1Service): string {
   return `${svc?.metadata?.namespace ?? ''}/${svc?.metadata?.name ?? ''}`;
 }
 
-export function isPierService(svc: V1Service, config: Pick<AllocatorConfig, 'loadBalancerClass' | 'defaultClass'>): boolean {
-  if (svc?.spec?.type !== 'LoadBalancer') return false;
-  const cls = svc.spec.loadBalancerClass;
-  if (cls === undefined || cls === null || cls === '') return config.defaultClass;
-  return cls === config.loadBalancerClass;
-}
 
 // ---------------------------------------------------------------------------
 // Addresses
 
-interface Address {
-  family: Family;
-  value: bigint;
-  /** Canonical (RFC 5952) text, so that two spellings of one address are one address. */
-  text: string;
-}
-
 const FAMILY_NAME: Record<Family, string> = { ipv4: 'IPv4', ipv6: 'IPv6' };
 
-function parseAddress(text: unknown): Address | undefined {
-  if (typeof text !== 'string' || text.length === 0 || text.length > 64) return undefined;
-  try {
-    if (text.includes(':')) {
-      // A zone id names a link, never an address others can reach.
-      if (text.includes('%') || !Validator.isValidIPv6String(text)[0]) return undefined;
-      const value = IPv6.fromString(text).getValue();
-      return { family: 'ipv6', value, text: formatIPv6(value) };
-    }
-    if (!Validator.isValidIPv4String(text)[0]) return undefined;
-    const value = IPv4.fromString(text).getValue();
-    const n = Number(value);
-    return { family: 'ipv4', value, text: [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.') };
-  } catch {
-    return undefined;
-  }
-}
-
-function formatIPv6(value: bigint): string {
-  const words: number[] = [];
-  for (let i = 7; i >= 0; i--) words.push(Number((value >> BigInt(i * 16)) & 0xffffn));
-  let best = -1;
-  let bestLen = 1; // RFC 5952: a single zero group is not compressed
-  for (let i = 0; i < 8; ) {
-    if (words[i] !== 0) {
-      i++;
-      continue;
-    }
-    let j = i;
-    while (j < 8 && words[j] === 0) j++;
-    if (j - i > bestLen) {
-      best = i;
-      bestLen = j - i;
-    }
-    i = j;
-  }
-  const hex = (ws: number[]) => ws.map((w) => w.toString(16)).join(':');
-  if (best < 0) return hex(words);
-  return `${hex(words.slice(0, best))}::${hex(words.slice(best + bestLen))}`;
-}
-
+/** Numeric order within a family. */
 function compareAddresses(a: Address, b: Address): number {
   return a.value < b.value ? -1 : a.value > b.value ? 1 : 0;
 }

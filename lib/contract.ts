@@ -4,6 +4,21 @@
 /** spec.loadBalancerClass that marks a Service as pier's. */
 export const LOAD_BALANCER_CLASS = 'pier.dev/lb';
 
+/**
+ * Whether a Service is pier's (design section 1): type LoadBalancer and
+ * pier's class, or no class when pier runs as the cluster's default. The
+ * controller and the agent must agree on this exactly.
+ */
+export function isPierService(
+  svc: { spec?: { type?: string; loadBalancerClass?: string | null } } | undefined,
+  config: { loadBalancerClass: string; defaultClass: boolean },
+): boolean {
+  if (svc?.spec?.type !== 'LoadBalancer') return false;
+  const cls = svc.spec.loadBalancerClass;
+  if (cls === undefined || cls === null || cls === '') return config.defaultClass;
+  return cls === config.loadBalancerClass;
+}
+
 /** Namespace of pier's own objects (agent Leases, the leader Lease). */
 export const DEFAULT_NAMESPACE = 'pier-system';
 
