@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd from Go modules into .cache/cluster/<stamp>/.
+# Builds kube-apiserver, etcd and kubectl from Go modules into
+# .cache/cluster/<stamp>/. kubectl renders deploy/ (its built-in kustomize) and
+# applies it in the deploy tests and the demo.
 # The stamp hashes the pinned versions (go.mod, go.sum) and this script, so a
 # warm cache costs nothing and a version bump rebuilds. Prints the directory
 # holding the binaries on stdout; progress goes to stderr.
@@ -11,7 +13,7 @@ mod="$here/build"
 stamp="$(cat "$mod/go.mod" "$mod/go.sum" "$mod/etcd/main.go" "$here/build.sh" | sha256sum | cut -c1-16)"
 out="${PIER_CLUSTER_BIN_DIR:-$root/.cache/cluster/$stamp}"
 
-if [[ -x "$out/kube-apiserver" && -x "$out/etcd" ]]; then
+if [[ -x "$out/kube-apiserver" && -x "$out/etcd" && -x "$out/kubectl" ]]; then
   echo "$out"
   exit 0
 fi
@@ -53,7 +55,7 @@ build() {
   fi
 }
 
-echo "[cluster] building kube-apiserver $k8s_version and etcd $etcd_version into $out (first build takes a while)" >&2
+echo "[cluster] building kube-apiserver and kubectl $k8s_version, etcd $etcd_version into $out (first build takes a while)" >&2
 start=$SECONDS
 
 # kube-apiserver reports the version it was stamped with; client libraries and
@@ -71,6 +73,9 @@ echo "[cluster] kube-apiserver built after $((SECONDS - start))s" >&2
 
 build etcd -ldflags "-s -w" -o "$tmp/etcd" ./etcd
 echo "[cluster] etcd built after $((SECONDS - start))s" >&2
+
+build kubectl -ldflags "$ldflags" -o "$tmp/kubectl" k8s.io/kubernetes/cmd/kubectl
+echo "[cluster] kubectl built after $((SECONDS - start))s" >&2
 
 rm -f "$tmp"/*.build.log
 rm -rf "$out"

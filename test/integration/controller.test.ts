@@ -419,7 +419,9 @@ describe('pier controller against a real API server', () => {
   it('lets only the leader write, and hands over within the lease duration on SIGKILL and at once on SIGTERM', async () => {
     const standby = await startController(`b-${started++}`);
     expect((await metrics(standby)).get('pier_controller_leader')).toBe(0);
-    expect(await (await fetch(`http://127.0.0.1:${standby.port}/readyz`)).text()).toContain(`standby; leader is ${current.id}`);
+    // Ready comes from the caches; the first read of the Lease may still be in flight.
+    await eventually('the standby to name the leader', async () =>
+      (await (await fetch(`http://127.0.0.1:${standby.port}/readyz`)).text()).includes(`standby; leader is ${current.id}`));
 
     await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'ha1', [{ port: 8400 }]) });
     await ingressIs('ha1', ['198.51.100.11', '198.51.100.12']);
@@ -451,7 +453,8 @@ describe('pier controller against a real API server', () => {
   });
 
   it('runs without leader election as a single replica, leaving the Lease alone', async () => {
-    await stopController(current);
+    // Every elected replica goes, also one a failed test above left behind.
+    await Promise.all([...controllers].map((r) => stopController(r)));
     const lease = await coordination.readNamespacedLease({ name: LEADER_LEASE_NAME, namespace: SYSTEM });
     current = await startController(`solo-${started++}`, ['--leader-elect=false']);
     expect((await metrics(current)).get('pier_controller_leader')).toBe(1);
