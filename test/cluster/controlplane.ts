@@ -38,7 +38,7 @@ export interface ControlPlane {
   /** The admin kubeconfig written to disk, for child processes. */
   readonly adminKubeconfigPath: string;
   /** A KubeConfig whose token the API server issued for this ServiceAccount (created if missing). */
-  serviceAccount(namespace: string, name: string, opts?: { server?: string }): Promise<KubeConfig>;
+  serviceAccount(namespace: string, name: string, opts?: { server?: string; boundPod?: { name: string; uid: string } }): Promise<KubeConfig>;
   /** Writes `kc` to a file in the control plane's temporary folder. */
   writeKubeconfig(kc: KubeConfig, name: string): string;
   /** Kills the first API server (SIGKILL): etcd and every other server stay up. */
@@ -54,9 +54,14 @@ export interface ControlPlane {
 /** Runs build.sh (a no-op when cached) and returns the folder with the binaries. */
 export async function ensureBinaries(): Promise<string> {
   const fromEnv = process.env['PIER_CLUSTER_BIN_DIR'];
-  if (fromEnv && existsSync(join(fromEnv, 'kube-apiserver')) && existsSync(join(fromEnv, 'etcd'))) return fromEnv;
+  if (fromEnv && ['kube-apiserver', 'etcd', 'kubectl'].every((b) => existsSync(join(fromEnv, b)))) return fromEnv;
   const { stdout } = await execa('bash', [join(HERE, 'build.sh')], { stderr: 'inherit' });
   return stdout.trim();
+}
+
+/** The kubectl built with the control plane (it renders deploy/ with its built-in kustomize). */
+export async function kubectlPath(): Promise<string> {
+  return join(await ensureBinaries(), 'kubectl');
 }
 
 /** Removes what crashed runs left: temporary folders whose owner is gone, and their processes. */
@@ -152,7 +157,15 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
         const tr = await core.createNamespacedServiceAccountToken({
           name,
           namespace,
-          body: { spec: { audiences: [], expirationSeconds: 3600 } },
+          // A token bound to a scheduled Pod also names its node (userInfo.extra
+          // authentication.kubernetes.io/node-name), as a kubelet-projected one does.
+          body: {
+            spec: {
+              audiences: [],
+              expirationSeconds: 3600,
+              boundObjectRef: saOpts.boundPod && { apiVersion: 'v1', kind: 'Pod', ...saOpts.boundPod },
+            },
+          },
         });
         const token = tr.status?.token;
         if (!token) throw new Error(`TokenRequest for ${namespace}/${name} returned no token`);

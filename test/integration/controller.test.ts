@@ -11,7 +11,6 @@ import {
   DiscoveryV1Api,
   EventsV1Api,
   PatchStrategy,
-  RbacAuthorizationV1Api,
   setHeaderOptions,
   type EventsV1Event,
   type V1LoadBalancerIngress,
@@ -38,6 +37,7 @@ import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluste
 import { atExit } from '../support/cleanup.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 import { freePort } from '../support/ports.ts';
+import { apply, render } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
 const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
@@ -187,42 +187,8 @@ describe('pier controller against a real API server', () => {
     eventsApi = cp.admin.makeApiClient(EventsV1Api);
     for (const ns of [SYSTEM, NS, RACE]) await ensureNamespace(core, ns);
 
-    // Exactly the permissions the README lists for pier controller.
-    const rbac = cp.admin.makeApiClient(RbacAuthorizationV1Api);
-    await rbac.createClusterRole({
-      body: {
-        metadata: { name: 'pier-controller' },
-        rules: [
-          { apiGroups: [''], resources: ['services'], verbs: ['list', 'watch', 'patch'] },
-          { apiGroups: [''], resources: ['services/status'], verbs: ['patch'] },
-          { apiGroups: [''], resources: ['nodes'], verbs: ['list', 'watch'] },
-          { apiGroups: ['discovery.k8s.io'], resources: ['endpointslices'], verbs: ['list', 'watch'] },
-          { apiGroups: ['events.k8s.io'], resources: ['events'], verbs: ['create', 'patch'] },
-        ],
-      },
-    });
-    await rbac.createClusterRoleBinding({
-      body: {
-        metadata: { name: 'pier-controller' },
-        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: 'pier-controller' },
-        subjects: [{ kind: 'ServiceAccount', name: 'pier-controller', namespace: SYSTEM }],
-      },
-    });
-    await rbac.createNamespacedRole({
-      namespace: SYSTEM,
-      body: {
-        metadata: { name: 'pier-controller', namespace: SYSTEM },
-        rules: [{ apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['get', 'list', 'watch', 'create', 'update'] }],
-      },
-    });
-    await rbac.createNamespacedRoleBinding({
-      namespace: SYSTEM,
-      body: {
-        metadata: { name: 'pier-controller', namespace: SYSTEM },
-        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'pier-controller' },
-        subjects: [{ kind: 'ServiceAccount', name: 'pier-controller', namespace: SYSTEM }],
-      },
-    });
+    // Exactly the permissions deploy/ gives pier controller: its RBAC and admission policies.
+    await apply(cp.adminKubeconfigPath, (await render('base')).yaml);
     kubeconfig = cp.writeKubeconfig(await cp.serviceAccount(SYSTEM, 'pier-controller'), 'pier-controller');
 
     for (const n of NODES) {

@@ -14,8 +14,9 @@
 //
 // Names carry a run id and a registry file records the owning process, so a
 // later run can sweep what a crashed run left without touching a live one.
-import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { execa, execaSync, type ResultPromise } from 'execa';
 import { atExit, isAlive } from '../support/cleanup.ts';
@@ -23,6 +24,7 @@ import { atExit, isAlive } from '../support/cleanup.ts';
 const HERE = dirname(fileURLToPath(import.meta.url));
 export const NS_PREFIX = 'pierlab-';
 const REGISTRY = '/run/pierlab';
+const HOST_LINK_LOCK = '/run/pierlab.host-link';
 export const ECHO_PORT = 8080;
 
 export interface LabSpec {
@@ -84,6 +86,7 @@ export class Lab {
   private readonly procs = new Set<ResultPromise>();
   private unregister: () => void = () => {};
   private destroyed = false;
+  private ownsHostLink = false;
 
   private constructor(runId: string, hostLink: boolean) {
     this.runId = runId;
@@ -118,6 +121,8 @@ export class Lab {
     await ip(ul, 'link', 'set', 'br0', 'up');
 
     if (this.hostLink) {
+      await takeHostLink();
+      this.ownsHostLink = true;
       await assertFreeInRootNamespace(UNDERLAY_V4, HOST_V4);
       await assertFreeInRootNamespace(UNDERLAY_V6, HOST_V6);
       await execa('ip', ['link', 'add', this.hostLink, 'type', 'veth', 'peer', 'name', 'host', 'netns', ul]);
@@ -273,7 +278,41 @@ export class Lab {
     for (const ns of [...this.namespaces].reverse()) removeNamespace(ns);
     if (this.hostLink) execaSync('ip', ['link', 'del', this.hostLink], { reject: false });
     rmSync(join(REGISTRY, this.runId), { force: true });
+    if (this.ownsHostLink) rmSync(HOST_LINK_LOCK, { recursive: true, force: true });
     this.unregister();
+  }
+}
+
+/**
+ * Only one lab at a time can link to the root namespace (the underlay prefix
+ * is routed there). A second one — another test file, the demo — waits for
+ * the first to go; a lock whose owner died is taken over.
+ */
+async function takeHostLink(): Promise<void> {
+  let announced = false;
+  for (;;) {
+    try {
+      mkdirSync(HOST_LINK_LOCK);
+      writeFileSync(join(HOST_LINK_LOCK, 'owner'), String(process.pid));
+      return;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+    let owner = 0;
+    try {
+      owner = Number(readFileSync(join(HOST_LINK_LOCK, 'owner'), 'utf8'));
+    } catch {
+      // Just created; its owner is about to write its pid.
+    }
+    const young = Date.now() - (statSync(HOST_LINK_LOCK, { throwIfNoEntry: false })?.mtimeMs ?? 0) < 5000;
+    if (owner === process.pid) throw new Error('this process already holds a lab with a host link');
+    if ((owner && !isAlive(owner)) || (!owner && !young)) {
+      rmSync(HOST_LINK_LOCK, { recursive: true, force: true });
+      continue;
+    }
+    if (!announced) console.error(`[lab] waiting for the lab of process ${owner} to release the host link`);
+    announced = true;
+    await sleep(250);
   }
 }
 
