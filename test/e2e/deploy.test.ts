@@ -118,8 +118,18 @@ describe('deploy/ against a real API server', () => {
       const out = await apply(cp.adminKubeconfigPath, (await render(k)).yaml, { dryRun: true });
       expect(out).toMatch(/daemonset\.apps\/pier-agent serverside-applied \(server dry run\)/);
     }
-    const ds = await cp.admin.makeApiClient((await import('@kubernetes/client-node')).AppsV1Api).readNamespacedDaemonSet({ name: 'pier-agent', namespace: SYSTEM });
-    expect(ds.spec?.template.spec?.serviceAccountName).toBe('pier-agent');
+    // No kubelet or controller-manager here: create the pods the workloads
+    // would, from their templates, by server dry run, so pod-level admission
+    // (Pod Security, priority classes, the ServiceAccount) is checked too.
+    for (const [kind, name] of [['Deployment', 'pier-controller'], ['DaemonSet', 'pier-agent']] as const) {
+      const template = find<V1Deployment | V1DaemonSet>(base.objects, kind, name).spec!.template;
+      const pod = await core.createNamespacedPod({
+        namespace: SYSTEM,
+        body: { metadata: { name: `${name}-dry-run`, labels: template.metadata?.labels }, spec: template.spec },
+        dryRun: 'All',
+      });
+      expect(pod.spec?.priority, `${kind} ${name}`).toBeGreaterThan(1_000_000_000);
+    }
   });
 
   it('runs the controller and the agents with their own tokens and the manifests environment, and they serve a Service', async () => {
