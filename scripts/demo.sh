@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The "run it" command on a fresh Debian machine, as root: installs what the
+# demo needs (scripts/setup.sh: Debian packages, Node 24, npm ci, the
+# kube-apiserver/etcd/kubectl builds; each skipped when already there), then
+# runs `npm run demo`. Arguments go to the demo (--exit: stop after the requests).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ $(id -u) -ne 0 ]]; then
+  echo "demo: needs root (it creates network namespaces and iptables rules); try: sudo $0 $*" >&2
+  exit 1
+fi
+bash "$root/scripts/setup.sh"
+source "$root/scripts/node-env.sh"
+cd "$root"
+exec npm run --silent demo -- "$@"
