@@ -130,6 +130,17 @@ describe('deploy/ against a real API server', () => {
       });
       expect(pod.spec?.priority, `${kind} ${name}`).toBeGreaterThan(1_000_000_000);
     }
+
+    // The uninstall's sweep: `pier cleanup` on every node, with no API access.
+    const cleanup = await render('cleanup');
+    await apply(cp.adminKubeconfigPath, cleanup.yaml);
+    const sweep = find<V1DaemonSet>(cleanup.objects, 'DaemonSet', 'pier-cleanup').spec!.template;
+    expect(sweep.spec?.initContainers?.[0]?.args).toEqual(['cleanup']);
+    expect(sweep.spec?.automountServiceAccountToken).toBe(false);
+    // The controller-manager would have created the namespace's default ServiceAccount.
+    await core.createNamespacedServiceAccount({ namespace: 'pier-cleanup', body: { metadata: { name: 'default' } } });
+    await core.createNamespacedPod({ namespace: 'pier-cleanup', body: { metadata: { name: 'pier-cleanup-dry-run' }, spec: sweep.spec }, dryRun: 'All' });
+    await core.deleteNamespace({ name: 'pier-cleanup' });
   });
 
   it('runs the controller and the agents with their own tokens and the manifests environment, and they serve a Service', async () => {

@@ -9,6 +9,7 @@ import { parseAllDocuments } from 'yaml';
 import { kubectlPath } from '../cluster/controlplane.ts';
 
 export const DEPLOY_DIR = fileURLToPath(new URL('../../deploy/', import.meta.url));
+/** The installs; `cleanup` is the uninstall's node sweep. */
 export const KUSTOMIZATIONS = ['base', 'overlays/k3s', 'overlays/kind'] as const;
 
 export interface Rendered {
@@ -16,7 +17,7 @@ export interface Rendered {
   objects: KubernetesObject[];
 }
 
-export async function render(kustomization: (typeof KUSTOMIZATIONS)[number]): Promise<Rendered> {
+export async function render(kustomization: (typeof KUSTOMIZATIONS)[number] | 'cleanup'): Promise<Rendered> {
   const { stdout } = await execa(await kubectlPath(), ['kustomize', DEPLOY_DIR + kustomization]);
   const objects = parseAllDocuments(stdout).map((d) => d.toJSON() as KubernetesObject).filter(Boolean);
   return { yaml: stdout, objects };
