@@ -11,6 +11,7 @@ import { EventRecorder } from '../lib/events.ts';
 import { startHealthServer } from '../lib/health.ts';
 import { LeaseRenewer } from '../lib/lease.ts';
 import type { Logger } from '../lib/log.ts';
+import { slimEndpointSlice, slimNode, slimService } from '../lib/slim.ts';
 import { VERSION } from '../lib/version.ts';
 import { Applier } from './applier.ts';
 import { detectBackend } from './backend.ts';
@@ -83,6 +84,8 @@ export class Agent {
   /** Created by the first sync; holds what later syncs reuse. */
   private pipeline: SyncPipeline | undefined;
   private syncs = 0;
+  /** Every cache holds its first list; before that a sync would render (and apply) a partial cluster. */
+  private cachesSynced = false;
   private readyDetail = 'no successful sync yet';
   ready = false;
 
@@ -92,9 +95,11 @@ export class Agent {
     this.log = deps.log.child({ node: cfg.nodeName });
     this.metrics = agentMetrics();
     const backoff = { initialMs: 500, maxMs: 10_000 };
-    this.services = serviceInformer(deps.kc, { log: this.log, backoff });
-    this.slices = endpointSliceInformer(deps.kc, { log: this.log, backoff });
-    this.nodes = nodeInformer(deps.kc, { log: this.log, backoff, fieldSelector: `metadata.name=${cfg.nodeName}` });
+    // The caches keep only what the agent reads (lib/slim.ts): at 10,000
+    // Services whole objects would be most of the agent's memory.
+    this.services = serviceInformer(deps.kc, { log: this.log, backoff, transform: slimService });
+    this.slices = endpointSliceInformer(deps.kc, { log: this.log, backoff, transform: slimEndpointSlice });
+    this.nodes = nodeInformer(deps.kc, { log: this.log, backoff, transform: slimNode, fieldSelector: `metadata.name=${cfg.nodeName}` });
     this.events = new EventRecorder({ kc: deps.kc, controller: 'pier.dev/agent', instance: cfg.nodeName, log: this.log });
     this.coalescer = new Coalescer((o) => this.sync(o), {
       minIntervalMs: cfg.minSyncIntervalMs,
@@ -125,12 +130,18 @@ export class Agent {
       });
       this.lease.start();
     }
-    const onChange = () => this.coalescer.request({ verify: false });
+    // The first list of one collection lands before the others: syncing on
+    // its events would apply the rules of a cluster without Services, and
+    // drop every connection on a restart until the next sync.
+    const onChange = () => {
+      if (this.cachesSynced) this.coalescer.request({ verify: false });
+    };
     this.services.onChange(onChange);
     this.slices.onChange(onChange);
     this.nodes.onChange(onChange);
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
+    this.cachesSynced = true;
     this.log.info({ backend: this.backend, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
     this.coalescer.request({ verify: true });
     this.resyncTimer = setInterval(() => {

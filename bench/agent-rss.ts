@@ -1,11 +1,13 @@
 // The agent's memory at scale, in a process of its own (bench/agent.ts runs
 // this, compiled to JavaScript as the agent ships, and reads the JSON line it
 // prints). It holds what a real agent holds: the agent's module graph,
-// Services and EndpointSlices as client-node's informer caches them (the
-// list response's JSON text deserialised by client-node's ObjectSerializer
-// into its model classes, kept in per-namespace maps), and pier's sync state
-// after a full sync into a scratch namespace through the Applier, then a no-op
-// and a one-Service change as a watch event delivers it (plain JSON).
+// Services and EndpointSlices as the agent's informers cache them (each list
+// page's JSON text deserialised by client-node's ObjectSerializer into its
+// model classes, then projected by lib/slim.ts, kept in per-namespace maps),
+// and pier's sync state after a full sync into a scratch namespace through
+// the Applier, then a no-op and a one-Service change as a watch event
+// delivers it (plain JSON, projected the same way). bench/agent-rss-live.ts
+// measures the same against a real API server.
 //
 //   node --expose-gc agent-rss.js <network namespace> <ports> <backend>
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
@@ -42,6 +44,7 @@ const { SyncPipeline } = await import('../agent/pipeline.ts');
 const { Applier } = await import('../agent/applier.ts');
 const { Xtables, commandRunner } = await import('../agent/iptables.ts');
 const { LOAD_BALANCER_CLASS } = await import('../lib/contract.ts');
+const { slimEndpointSlice, slimService } = await import('../lib/slim.ts');
 stages['modules'] = await settle();
 
 const NODE = 'bench-node';
@@ -154,19 +157,20 @@ class Cache<T extends { metadata?: { namespace?: string; name?: string } }> {
   }
 }
 
-/** One list call, as the generated API client decodes it from the response text. */
-function listOf<T>(kind: string, item: (i: number) => object): T[] {
-  const items: string[] = [];
-  for (let i = 0; i < n; i++) items.push(JSON.stringify(item(i)));
-  const text = `{"apiVersion":"v1","kind":"${kind}","metadata":{"resourceVersion":"300000"},"items":[${items.join(',')}]}`;
-  items.length = 0;
-  return ObjectSerializer.deserialize(ObjectSerializer.parse(text, 'application/json'), `V1${kind}`, '').items as T[];
+/** A list, in pages of 500 as the informer reads it, each page as the generated API client decodes it from the response text. */
+function* listOf<T>(kind: string, item: (i: number) => object): Generator<T> {
+  for (let start = 0; start < n; start += 500) {
+    const items: string[] = [];
+    for (let i = start; i < Math.min(n, start + 500); i++) items.push(JSON.stringify(item(i)));
+    const text = `{"apiVersion":"v1","kind":"${kind}","metadata":{"resourceVersion":"300000"},"items":[${items.join(',')}]}`;
+    yield* ObjectSerializer.deserialize(ObjectSerializer.parse(text, 'application/json'), `V1${kind}`, '').items as T[];
+  }
 }
 
 const services = new Cache<V1Service>();
 const slices = new Cache<V1EndpointSlice>();
-for (const s of listOf<V1Service>('ServiceList', serviceJson)) services.set(s);
-for (const s of listOf<V1EndpointSlice>('EndpointSliceList', sliceJson)) slices.set(s);
+for (const s of listOf<V1Service>('ServiceList', serviceJson)) services.set(slimService(s));
+for (const s of listOf<V1EndpointSlice>('EndpointSliceList', sliceJson)) slices.set(slimEndpointSlice(s));
 stages['objects'] = await settle();
 
 const pipeline = new SyncPipeline({ nodeName: NODE, model: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 }, render: { markBit: 0x2000 } });
@@ -181,7 +185,7 @@ const modes = [await sync()];
 stages['synced'] = await settle();
 modes.push(await sync());
 // A watch event: the changed slice arrives as plain JSON.
-slices.set(JSON.parse(JSON.stringify(sliceJson(0, 1))) as V1EndpointSlice);
+slices.set(slimEndpointSlice(JSON.parse(JSON.stringify(sliceJson(0, 1))) as V1EndpointSlice));
 modes.push(await sync());
 stages['steady'] = await settle();
 

@@ -1,9 +1,12 @@
-// The collections pier watches, each as a ready-made ResilientInformer.
+// The collections pier watches, each as a ready-made ResilientInformer. The
+// agent passes a transform from lib/slim.ts to keep only what it reads; the
+// controller keeps whole objects (without managedFields).
 import {
   CoordinationV1Api,
   CoreV1Api,
   DiscoveryV1Api,
   type KubeConfig,
+  type KubernetesObject,
   type V1EndpointSlice,
   type V1Lease,
   type V1Node,
@@ -11,48 +14,48 @@ import {
 } from '@kubernetes/client-node';
 import { ResilientInformer, type ResilientInformerOptions } from './informer.ts';
 
-type Extra = Pick<ResilientInformerOptions<never>, 'log' | 'backoff' | 'labelSelector' | 'fieldSelector'>;
+type Extra<T extends KubernetesObject> = Pick<ResilientInformerOptions<T>, 'log' | 'backoff' | 'labelSelector' | 'fieldSelector' | 'transform' | 'pageSize'>;
 
-export function serviceInformer(kc: KubeConfig, extra: Extra = {}): ResilientInformer<V1Service> {
+export function serviceInformer(kc: KubeConfig, extra: Extra<V1Service> = {}): ResilientInformer<V1Service> {
   const core = kc.makeApiClient(CoreV1Api);
   return new ResilientInformer<V1Service>({
     kc,
     name: 'services',
     path: '/api/v1/services',
-    list: () => core.listServiceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector }),
+    list: (page) => core.listServiceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
     ...extra,
   });
 }
 
-export function nodeInformer(kc: KubeConfig, extra: Extra = {}): ResilientInformer<V1Node> {
+export function nodeInformer(kc: KubeConfig, extra: Extra<V1Node> = {}): ResilientInformer<V1Node> {
   const core = kc.makeApiClient(CoreV1Api);
   return new ResilientInformer<V1Node>({
     kc,
     name: 'nodes',
     path: '/api/v1/nodes',
-    list: () => core.listNode({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector }),
+    list: (page) => core.listNode({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
     ...extra,
   });
 }
 
-export function endpointSliceInformer(kc: KubeConfig, extra: Extra = {}): ResilientInformer<V1EndpointSlice> {
+export function endpointSliceInformer(kc: KubeConfig, extra: Extra<V1EndpointSlice> = {}): ResilientInformer<V1EndpointSlice> {
   const discovery = kc.makeApiClient(DiscoveryV1Api);
   return new ResilientInformer<V1EndpointSlice>({
     kc,
     name: 'endpointslices',
     path: '/apis/discovery.k8s.io/v1/endpointslices',
-    list: () => discovery.listEndpointSliceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector }),
+    list: (page) => discovery.listEndpointSliceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
     ...extra,
   });
 }
 
-export function leaseInformer(kc: KubeConfig, namespace: string, extra: Extra = {}): ResilientInformer<V1Lease> {
+export function leaseInformer(kc: KubeConfig, namespace: string, extra: Extra<V1Lease> = {}): ResilientInformer<V1Lease> {
   const coordination = kc.makeApiClient(CoordinationV1Api);
   return new ResilientInformer<V1Lease>({
     kc,
     name: 'leases',
     path: `/apis/coordination.k8s.io/v1/namespaces/${encodeURIComponent(namespace)}/leases`,
-    list: () => coordination.listNamespacedLease({ namespace, labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector }),
+    list: (page) => coordination.listNamespacedLease({ namespace, labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
     ...extra,
   });
 }

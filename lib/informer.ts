@@ -5,17 +5,38 @@
 // keeping the cache and resourceVersion so it resumes rather than relists,
 // and never restarts once stop() was called (stop() itself surfaces as an
 // AbortError on the error channel).
+//
+// Memory: lists are read in pages (as client-go's reflector does), so a
+// relist of 10,000 objects never holds the whole response text and its
+// decoded copy at once; and every object, listed or watched, passes through
+// a transform before it is cached (client-go's SetTransform): by default one
+// that drops managedFields, or a caller's projection (lib/slim.ts).
 import { ListWatch, Watch, type KubeConfig, type KubernetesListObject, type KubernetesObject } from '@kubernetes/client-node';
 import type { Logger } from './log.ts';
 import { silentLogger } from './log.ts';
 
 export type InformerEvent = 'add' | 'update' | 'delete';
 
+/** One page of a list: at most `limit` objects, from where `_continue` says. */
+export interface ListPage {
+  limit: number;
+  _continue?: string;
+}
+
 export interface ResilientInformerOptions<T extends KubernetesObject> {
   kc: KubeConfig;
   /** API path of the collection, e.g. /api/v1/services. */
   path: string;
-  list: () => Promise<KubernetesListObject<T>>;
+  /** One page of the collection; the informer follows `metadata._continue` to the end. */
+  list: (page: ListPage) => Promise<KubernetesListObject<T>>;
+  /**
+   * What the cache keeps of each object, listed or watched: a pure function
+   * that must keep metadata.name, namespace and resourceVersion, and must not
+   * change its argument in place. Default: the object without managedFields.
+   */
+  transform?: (obj: T) => T;
+  /** Objects per list page; default 500, as client-go. */
+  pageSize?: number;
   /** A short name for logs: "services". */
   name: string;
   labelSelector?: string;
@@ -33,11 +54,13 @@ export interface ResilientInformerOptions<T extends KubernetesObject> {
  */
 class BookmarkingWatch extends Watch {
   private readonly onWatch: () => void;
+  private readonly transform: (obj: any) => any;
   private current: AbortController | undefined;
   private stopped = false;
-  constructor(kc: KubeConfig, onWatch: () => void) {
+  constructor(kc: KubeConfig, onWatch: () => void, transform: (obj: any) => any) {
     super(kc);
     this.onWatch = onWatch;
+    this.transform = transform;
   }
   override async watch(
     path: string,
@@ -47,7 +70,8 @@ class BookmarkingWatch extends Watch {
   ): Promise<AbortController> {
     if (this.stopped) return new AbortController();
     this.onWatch();
-    const slim = (phase: string, obj: any, watchObj?: any) => callback(phase, dropManagedFields(obj), watchObj);
+    // Bookmarks and errors carry no object to cache, only a resourceVersion or a status.
+    const slim = (phase: string, obj: any) => callback(phase, OBJECT_EVENTS.has(phase) && obj ? this.transform(obj) : obj);
     const controller = await super.watch(path, { ...queryParams, allowWatchBookmarks: true }, slim, done);
     if (this.stopped) controller.abort();
     this.current = controller;
@@ -59,14 +83,49 @@ class BookmarkingWatch extends Watch {
   }
 }
 
+const OBJECT_EVENTS = new Set(['ADDED', 'MODIFIED', 'DELETED']);
+
 /**
  * Server-side apply bookkeeping is often the largest part of an object and
  * pier never reads it; caches of thousands of Services should not hold it.
+ * The metadata is copied rather than changed with `delete`, which would turn
+ * every cached metadata object into a slow dictionary of about twice the size.
  */
-function dropManagedFields<O>(obj: O): O {
-  const meta = (obj as { metadata?: { managedFields?: unknown } } | undefined)?.metadata;
-  if (meta && meta.managedFields !== undefined) delete meta.managedFields;
-  return obj;
+export function dropManagedFields<O extends KubernetesObject>(obj: O): O {
+  const meta = obj?.metadata;
+  if (!meta || meta.managedFields === undefined) return obj;
+  const { managedFields: _, ...rest } = meta;
+  return { ...obj, metadata: rest };
+}
+
+/**
+ * The whole collection, page by page, each object transformed as its page
+ * arrives. A continue token that expires mid-way (410: the API server
+ * compacted the snapshot the pages come from) starts the list over: the
+ * pages must come from one snapshot, or the cache could miss a deletion.
+ */
+export async function listAll<T extends KubernetesObject>(
+  list: (page: ListPage) => Promise<KubernetesListObject<T>>,
+  transform: (obj: T) => T,
+  pageSize: number,
+): Promise<KubernetesListObject<T>> {
+  for (let attempt = 1; ; attempt++) {
+    const items: T[] = [];
+    let resourceVersion = '';
+    let next: string | undefined;
+    try {
+      do {
+        const page = await list(next === undefined ? { limit: pageSize } : { limit: pageSize, _continue: next });
+        for (const item of page.items ?? []) items.push(transform(item));
+        resourceVersion = page.metadata?.resourceVersion ?? resourceVersion;
+        next = page.metadata?._continue || undefined;
+      } while (next !== undefined);
+      return { apiVersion: 'v1', kind: 'List', metadata: { resourceVersion }, items };
+    } catch (err) {
+      const code = (err as { code?: unknown; statusCode?: unknown }).code ?? (err as { statusCode?: unknown }).statusCode;
+      if (next === undefined || code !== 410 || attempt >= 3) throw err;
+    }
+  }
 }
 
 export class ResilientInformer<T extends KubernetesObject> {
@@ -94,12 +153,10 @@ export class ResilientInformer<T extends KubernetesObject> {
     this.maxMs = opts.backoff?.maxMs ?? 30_000;
     this.delayMs = this.initialMs;
     this.synced = new Promise((resolve) => (this.markSynced = resolve));
-    this.watch = new BookmarkingWatch(opts.kc, () => this.onWatchStage());
-    const list = async () => {
-      const l = await opts.list();
-      for (const item of l.items) dropManagedFields(item);
-      return l;
-    };
+    const transform = opts.transform ?? dropManagedFields;
+    this.watch = new BookmarkingWatch(opts.kc, () => this.onWatchStage(), transform);
+    const pageSize = opts.pageSize ?? 500;
+    const list = () => listAll(opts.list, transform, pageSize);
     this.lw = new ListWatch<T>(opts.path, this.watch, list, false, opts.labelSelector, opts.fieldSelector);
     this.lw.on('error', (err) => this.onError(err));
   }
