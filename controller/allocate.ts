@@ -835,12 +835,15 @@ function safely<T>(read: () => T, fallback: T): T {
 }
 
 function uniqueBy<T>(items: readonly T[], keyOf: (item: T) => string): T[] {
-  const chosen = new Map<string, { item: T; text: string }>();
+  // Serialised only when a key repeats: informer caches never repeat one,
+  // and serialising thousands of Services on every allocation was most of its time.
+  const chosen = new Map<string, { item: T; text?: string }>();
+  const text = (c: { item: T; text?: string }) => (c.text ??= safely(() => JSON.stringify(c.item) ?? '', ''));
   for (const item of items) {
     const key = safely(() => keyOf(item), '');
-    const text = safely(() => JSON.stringify(item) ?? '', '');
     const prev = chosen.get(key);
-    if (!prev || text < prev.text) chosen.set(key, { item, text });
+    const next = { item };
+    if (!prev || text(next) < text(prev)) chosen.set(key, next);
   }
   return [...chosen.values()].map((c) => c.item);
 }

@@ -3,6 +3,7 @@
 // because it is global; and has workers write, per Service, only what
 // differs (writes.ts). Every replica keeps its caches and allocation warm;
 // only the leader writes, so a standby takes over with nothing to load.
+import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, type KubeConfig, type V1Lease, type V1ObjectReference, type V1Service } from '@kubernetes/client-node';
 
 import { Coalescer } from '../lib/coalescer.ts';
@@ -54,6 +55,8 @@ export const FIELD_MANAGER = 'pier-controller';
 const REPORTING_CONTROLLER = 'pier.dev/controller';
 /** A write that hangs must not hold a worker (and a Service) forever. */
 const WRITE_TIMEOUT_MS = 30_000;
+/** How long an Event may wait for queued status writes to go first. */
+const EVENT_DEFER_MS = 5000;
 const AGENT_LEASE_PREFIX = agentLeaseName('');
 
 type WriteKind = 'status' | 'annotation' | 'clear';
@@ -90,6 +93,12 @@ export class Controller {
   /** Per agent Lease, what allocation reads from it (freshness, forwarding) as of the last allocation. */
   private leaseViews = new Map<string, string>();
   private ipModeDropped = false;
+  /** Per Service, the resourceVersion this replica's last write produced, until its watch event comes back. */
+  private readonly ownWrites = new Map<string, string>();
+  /** Per Service being written, the resourceVersions of its updates seen meanwhile: a write's own watch event may beat its response. */
+  private readonly writing = new Map<string, string[]>();
+  /** Events go out one at a time, behind the status writes (see record()). */
+  private eventsSent: Promise<void> = Promise.resolve();
   /** Allocations computed so far, for tests and logs. */
   allocations = 0;
 
@@ -129,7 +138,11 @@ export class Controller {
     });
     const changed = () => this.requestAllocation();
     this.services.onChange((svc, event) => {
-      if (event === 'delete') this.events.forget({ kind: 'Service', namespace: svc.metadata?.namespace, name: svc.metadata?.name });
+      if (event === 'delete') {
+        this.events.forget({ kind: 'Service', namespace: svc.metadata?.namespace, name: svc.metadata?.name });
+        this.ownWrites.delete(serviceKey(svc));
+      }
+      if (event === 'update' && this.isOwnWrite(svc)) return;
       changed();
     });
     this.nodes.onChange(changed);
@@ -378,8 +391,10 @@ export class Controller {
   private async write(kind: WriteKind, key: string, send: () => Promise<V1Service>): Promise<V1Service | undefined> {
     // A term that ended while this key waited: the next leader writes it.
     if (!this.leading) return undefined;
+    let stored: V1Service | undefined;
+    this.writing.set(key, []);
     try {
-      const stored = await send();
+      stored = await send();
       this.metrics.writes.inc({ kind, result: 'ok' });
       this.log.debug({ service: key, kind }, 'wrote');
       return stored;
@@ -395,11 +410,62 @@ export class Controller {
         if (svc) this.record(svc, 'Warning', 'StatusWriteFailed', `cannot write the ${kind === 'annotation' ? 'port-mapping annotation' : 'status'}: ${(err as Error)?.message ?? String(err)}`);
       }
       throw err;
+    } finally {
+      const meanwhile = this.writing.get(key) ?? [];
+      this.writing.delete(key);
+      const own = stored?.metadata?.resourceVersion;
+      if (own && meanwhile.includes(own)) this.adoptOwnVersion(key, own);
+      else if (own) this.ownWrites.set(key, own);
+      // Whatever else changed the Service during the write still asks for an allocation.
+      if (meanwhile.some((v) => v !== own)) this.requestAllocation();
     }
   }
 
+  /**
+   * The watch event of this replica's own write carries nothing the
+   * allocation that asked for the write did not know: the status now says
+   * what it decided. Allocating again for it would, during a burst, mean a
+   * full allocation every few writes. Any other change to the Service
+   * arrives as an event of its own, so nothing is missed.
+   */
+  private isOwnWrite(svc: V1Service): boolean {
+    const key = serviceKey(svc);
+    const version = svc.metadata?.resourceVersion;
+    if (!version) return false;
+    if (this.ownWrites.get(key) === version) {
+      this.ownWrites.delete(key);
+      this.adoptOwnVersion(key, version);
+      return true;
+    }
+    // Being written: decided when the write returns and says which version is its own.
+    const meanwhile = this.writing.get(key);
+    if (!meanwhile) return false;
+    meanwhile.push(version);
+    return true;
+  }
+
+  /** The decision that led to this replica's write holds for the version the write produced: a worker may act on it. */
+  private adoptOwnVersion(key: string, version: string): void {
+    if (this.allocatedVersion.has(key)) this.allocatedVersion.set(key, version);
+  }
+
+  /**
+   * Statuses first: Events go out one at a time, and each waits while
+   * Services are queued for writing (up to EVENT_DEFER_MS), so that when a
+   * backlog or a burst of Services arrives the API server spends itself on
+   * their statuses, which is what users wait for, and the Events follow.
+   */
   private record(svc: V1Service, type: 'Normal' | 'Warning', reason: string, note: string): void {
-    this.events.record({ regarding: serviceRef(svc), type, reason, action: 'Allocate', note });
+    const event = { regarding: serviceRef(svc), type, reason, action: 'Allocate', note };
+    const since = performance.now();
+    this.eventsSent = this.eventsSent
+      .then(() => this.afterQueuedWrites(since))
+      .then(() => this.events.write(event))
+      .catch((err: unknown) => this.log.warn({ err: (err as Error)?.message ?? String(err), reason, service: serviceKey(svc) }, 'cannot write event'));
+  }
+
+  private async afterQueuedWrites(since: number): Promise<void> {
+    while (this.queue.length > 0 && !this.stopping && performance.now() - since < EVENT_DEFER_MS) await sleep(20);
   }
 }
 

@@ -5,6 +5,7 @@ import { hostname } from 'node:os';
 
 import { KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
 import { formatDuration } from '../lib/config.ts';
+import { reuseConnections } from '../lib/connections.ts';
 import { DEFAULT_NAMESPACE, DEFAULT_POOL, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { checkLeaderTimings, DEFAULT_LEADER_TIMINGS } from '../lib/leader.ts';
@@ -77,6 +78,7 @@ export async function runController(argv: string[], env = process.env): Promise<
   const identity = (v['leader-elect-id'] as string | undefined) || env['POD_NAME'] || `${hostname()}_${randomUUID().slice(0, 8)}`;
   const log = createLogger({ level: v['log-level'] as string, name: 'pier-controller' });
   const { kc, source } = loadKubeConfig({ kubeconfig: v['kubeconfig'] as string | undefined });
+  reuseConnections(kc);
   log.info({ kubeconfig: source, server: kc.getCurrentCluster()?.server }, 'using Kubernetes credentials');
 
   const namespace = v['namespace'] as string;

@@ -1,0 +1,147 @@
+// How the controller uses the API server, beyond what it decides
+// (controller.test.ts): it shares one connection among all its requests and
+// watches (lib/connections.ts), which must all come back after the API
+// server restarts; and the watch events of its own status writes do not
+// cost it a full allocation each, or writing a backlog would be bound by
+// allocations instead of by the API server.
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { CoreV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import { execa, type ResultPromise } from 'execa';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { AGENT_LEASE_LABEL, AGENT_LEASE_LABEL_VALUE, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, LEASE_NODE, agentLeaseName } from '../../lib/contract.ts';
+import { LeaseRenewer } from '../../lib/lease.ts';
+import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
+import { atExit } from '../support/cleanup.ts';
+import { Fleet, StatusWatch } from '../support/fleet.ts';
+import { lbService, node } from '../support/objects.ts';
+import { freePort } from '../support/ports.ts';
+import { eventually } from '../support/wait.ts';
+
+const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const NS = 'shop';
+const BACKLOG_NS = 'backlog';
+const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
+const NODES = [
+  { name: 'n1', v4: '198.51.100.11' },
+  { name: 'n2', v4: '198.51.100.12' },
+];
+
+interface Running {
+  proc: ResultPromise;
+  port: number;
+  log: () => string;
+  exited: () => boolean;
+}
+
+describe('controller and the API server', () => {
+  let cp: ControlPlane;
+  let core: CoreV1Api;
+  let current: Running | undefined;
+  const renewers: LeaseRenewer[] = [];
+
+  async function startController(): Promise<Running> {
+    const port = await freePort();
+    let log = '';
+    let exited = false;
+    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, CLI, 'controller',
+      '--kubeconfig', cp.adminKubeconfigPath, '--leader-elect=false', '--health-address', '127.0.0.1', '--health-port', String(port), '--log-level', 'info',
+    ], { reject: false, stdin: 'ignore' });
+    void proc.then(() => (exited = true));
+    proc.stderr?.on('data', (d: Buffer) => (log = (log + d.toString()).slice(-20_000)));
+    atExit(() => proc.kill('SIGKILL'));
+    await eventually('controller ready', async () => (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.ok, { timeoutMs: 30_000 });
+    return { proc, port, log: () => log, exited: () => exited };
+  }
+
+  async function stopController(r: Running): Promise<void> {
+    r.proc.kill('SIGTERM');
+    await r.proc;
+  }
+
+  async function metric(r: Running, name: string): Promise<number> {
+    const text = await (await fetch(`http://127.0.0.1:${r.port}/metrics`)).text();
+    let n = 0;
+    for (const line of text.split('\n')) if (line.startsWith(name)) n += Number(line.slice(line.lastIndexOf(' ') + 1));
+    return n;
+  }
+
+  beforeAll(async () => {
+    cp = await startControlPlane();
+    core = cp.admin.makeApiClient(CoreV1Api);
+    for (const ns of ['pier-system', NS, BACKLOG_NS]) await ensureNamespace(core, ns);
+    for (const n of NODES) {
+      const addrs = [{ type: 'InternalIP' as const, address: n.v4 }];
+      await core.createNode({ body: node(n.name, addrs) });
+      await core.patchNodeStatus({ name: n.name, body: { status: node(n.name, addrs).status } }, mergePatch);
+      // Long enough to outlast the outage: these tests are not about Lease expiry.
+      const r = new LeaseRenewer({
+        kc: cp.admin,
+        namespace: 'pier-system',
+        name: agentLeaseName(n.name),
+        holder: n.name,
+        durationSeconds: 120,
+        renewEveryMs: 1000,
+        labels: { [AGENT_LEASE_LABEL]: AGENT_LEASE_LABEL_VALUE },
+        annotations: () => ({ [LEASE_NODE]: n.name, [LEASE_FORWARDING_IPV4]: 'true', [LEASE_FORWARDING_IPV6]: 'false' }),
+      });
+      r.start();
+      renewers.push(r);
+    }
+    current = await startController();
+  });
+
+  afterEach((ctx) => {
+    if (ctx.task.result?.state === 'fail' && current) console.error(`--- controller log ---\n${current.log().split('\n').slice(-30).join('\n')}`);
+  });
+
+  afterAll(async () => {
+    current?.proc.kill('SIGKILL');
+    await current?.proc;
+    await Promise.all(renewers.map((r) => r.stop()));
+    await cp?.stop();
+  });
+
+  const ports = async (name: string) => {
+    const svc = await core.readNamespacedService({ name, namespace: NS });
+    return JSON.stringify((svc.status?.loadBalancer?.ingress ?? []).map((i) => i.ports?.[0]?.port));
+  };
+
+  it('watches and writes again once the API server is back', async () => {
+    await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'before', [{ name: 'http', port: 8080 }]) });
+    await eventually('status of a Service created before the outage', async () => (await ports('before')) === '[8080,8080]', { timeoutMs: 15_000, intervalMs: 100 });
+
+    await cp.killApiServer();
+    await sleep(1000);
+    await cp.restartApiServer();
+
+    await core.patchNamespacedService({ name: 'before', namespace: NS, body: { spec: { ports: [{ name: 'http', port: 8081, protocol: 'TCP', targetPort: 8081 }] } } }, mergePatch);
+    await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'after', [{ name: 'http', port: 9090 }]) });
+    await eventually('the changed Service followed', async () => (await ports('before')) === '[8081,8081]', { timeoutMs: 30_000, intervalMs: 200 });
+    await eventually('status of a Service created after the outage', async () => (await ports('after')) === '[9090,9090]', { timeoutMs: 30_000, intervalMs: 200 });
+    expect(current!.exited()).toBe(false);
+  });
+
+  it('writes a backlog of 500 Services with a handful of allocations, not one per few writes', async () => {
+    await stopController(current!);
+    current = undefined;
+    const fleet = new Fleet(cp.admin);
+    const spec = { namespace: BACKLOG_NS, prefix: 'b-', count: 500, firstPort: 20000, targetPort: 8080, endpoints: { IPv4: [{ address: '198.19.1.10', nodeName: 'n1' }] } };
+    const items = await fleet.create(spec, { concurrency: 20 });
+    const watch = await StatusWatch.start(cp.admin, BACKLOG_NS);
+    try {
+      current = await startController();
+      await watch.waitFor(items.map((i) => i.name), 120_000);
+    } finally {
+      watch.stop();
+    }
+    await sleep(500);
+    const writes = await metric(current, 'pier_controller_status_writes_total{kind="status",result="ok"}');
+    const allocations = await metric(current, 'pier_controller_allocate_duration_seconds_count');
+    expect(writes).toBeGreaterThanOrEqual(500);
+    // One allocation at start-up and at most a few for the Lease renewals and
+    // the odd Service the API server itself touched; writing 500 at the
+    // coalescer's 200 ms spacing would otherwise allocate every ~200 ms.
+    expect(allocations).toBeLessThanOrEqual(5);
+  });
+});
