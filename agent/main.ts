@@ -1,6 +1,7 @@
 // `pier agent`: flags and environment to an Agent, signals to a clean stop.
 import { KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
 import { DEFAULT_NAMESPACE } from '../lib/contract.ts';
+import { reuseConnections } from '../lib/connections.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
 import { Agent, type AgentConfig } from './agent.ts';
@@ -52,6 +53,7 @@ export async function runAgent(argv: string[]): Promise<number> {
     return 2;
   }
   const { kc, source } = loadKubeConfig({ kubeconfig: v['kubeconfig'] as string | undefined });
+  reuseConnections(kc);
   log.info({ kubeconfig: source, server: kc.getCurrentCluster()?.server }, 'using Kubernetes credentials');
 
   const cfg: AgentConfig = {
