@@ -27,19 +27,16 @@
 // Before it creates anything the bench measures the same agent against the
 // empty cluster: the floor of Node, the agent's modules and its idle state.
 import { execa, type ResultPromise } from 'execa';
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
-import { dirname, join, relative } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions, type V1EndpointSlice, type V1Service } from '@kubernetes/client-node';
-import ts from 'typescript';
 import { LOAD_BALANCER_CLASS, READY_CONDITION } from '../lib/contract.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { ensureNamespace, startControlPlane } from '../test/cluster/controlplane.ts';
 import { node as nodeObject, lbService } from '../test/support/objects.ts';
+import { ROOT, transpile } from './transpile.ts';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const NS = 'bench';
 const NODE = 'bench-node';
 const NODE_IP = '198.51.100.11';
@@ -106,19 +103,7 @@ function slice(i: number, owner: V1Service, generation = 0): V1EndpointSlice {
 /** The agent's modules as JavaScript, as it ships (Node's TypeScript loader alone adds memory). */
 async function compileAgent(): Promise<string> {
   const out = join(ROOT, '.cache', 'bench-rss-live');
-  await rm(out, { recursive: true, force: true });
-  for (const dir of ['agent', 'lib']) {
-    for (const f of (await readdir(join(ROOT, dir))).filter((x) => x.endsWith('.ts'))) {
-      const file = join(ROOT, dir, f);
-      const js = ts.transpileModule(await readFile(file, 'utf8'), {
-        fileName: file,
-        compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022, verbatimModuleSyntax: true, rewriteRelativeImportExtensions: true },
-      }).outputText;
-      const target = join(out, relative(ROOT, file)).replace(/\.ts$/, '.js');
-      await mkdir(dirname(target), { recursive: true });
-      await writeFile(target, js);
-    }
-  }
+  await transpile(out, ['agent', 'lib']);
   return join(out, 'lib', 'cli.js');
 }
 

@@ -22,11 +22,8 @@
 //   PIER_BENCH_RSS_PORTS=10000        ports for the memory measurement (0: skip)
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { execFile } from 'node:child_process';
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { dirname, join, relative } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
-import ts from 'typescript';
 import { Applier, planJumps, type ApplyResult } from '../agent/applier.ts';
 import { Xtables, commandRunner, type Backend } from '../agent/iptables.ts';
 import { buildModel } from '../agent/model.ts';
@@ -35,6 +32,7 @@ import { renderRuleset, type Ruleset } from '../agent/render.ts';
 import { restoreText, splitRule } from '../agent/restore.ts';
 import { LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../test/lab/scratch.ts';
+import { ROOT, transpile } from './transpile.ts';
 
 const NODE = 'bench-node';
 const NODE_IP = '198.51.100.11';
@@ -264,25 +262,10 @@ interface Memory {
  * scratch namespace.
  */
 async function agentMemory(ports: number): Promise<Memory> {
-  const root = join(dirname(fileURLToPath(import.meta.url)), '..');
-  const out = join(root, '.cache', 'bench-rss');
-  await rm(out, { recursive: true, force: true });
-  const sources = [...(await tsFiles(join(root, 'agent'))), ...(await tsFiles(join(root, 'lib'))), join(root, 'bench', 'agent-rss.ts')];
-  for (const file of sources) {
-    const js = ts.transpileModule(await readFile(file, 'utf8'), {
-      fileName: file,
-      compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022, verbatimModuleSyntax: true, rewriteRelativeImportExtensions: true },
-    }).outputText;
-    const target = join(out, relative(root, file)).replace(/\.ts$/, '.js');
-    await mkdir(dirname(target), { recursive: true });
-    await writeFile(target, js);
-  }
+  const out = join(ROOT, '.cache', 'bench-rss');
+  await transpile(out, ['agent', 'lib', 'bench/agent-rss.ts']);
   return withScratch(async (s) => {
     const { stdout } = await promisify(execFile)(process.execPath, ['--expose-gc', join(out, 'bench', 'agent-rss.js'), s.ns, String(ports), backend], { maxBuffer: 1 << 20 });
     return JSON.parse(stdout.trim().split('\n').pop()!) as Memory;
   });
-}
-
-async function tsFiles(dir: string): Promise<string[]> {
-  return (await readdir(dir)).filter((f) => f.endsWith('.ts')).map((f) => join(dir, f));
 }

@@ -3,35 +3,21 @@
 // process of its own in the root namespace, its health server on loopback so
 // the benchmark can read /readyz and /metrics, its memory read from /proc.
 import { readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { dirname, join, relative } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { execa, type ResultPromise } from 'execa';
-import ts from 'typescript';
 import { atExit } from '../test/support/cleanup.ts';
 import { freePort } from '../test/support/ports.ts';
+import { ROOT, transpile } from './transpile.ts';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = join(ROOT, '.cache', 'bench-controller');
 let compiled: Promise<string> | undefined;
 
 /** Transpiles lib/, controller/ and agent/ (the CLI imports both) into .cache/bench-controller once; returns its cli.js. */
 function compiledCli(): Promise<string> {
   compiled ??= (async () => {
-    await rm(OUT, { recursive: true, force: true });
-    for (const dir of ['lib', 'controller', 'agent']) {
-      for (const f of (await readdir(join(ROOT, dir))).filter((f) => f.endsWith('.ts'))) {
-        const file = join(ROOT, dir, f);
-        const js = ts.transpileModule(await readFile(file, 'utf8'), {
-          fileName: file,
-          compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022, verbatimModuleSyntax: true, rewriteRelativeImportExtensions: true },
-        }).outputText;
-        const target = join(OUT, relative(ROOT, file)).replace(/\.ts$/, '.js');
-        await mkdir(dirname(target), { recursive: true });
-        await writeFile(target, js);
-      }
-    }
+    await transpile(OUT, ['lib', 'controller', 'agent']);
     // ES modules, and the version lib/version.ts looks for one level up.
     const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { name: string; version: string };
     await writeFile(join(OUT, 'package.json'), JSON.stringify({ name: pkg.name, version: pkg.version, type: 'module' }));
