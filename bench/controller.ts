@@ -11,7 +11,7 @@
 //   PIER_BENCH_BURST_REPEAT=3             burst floor + pier burst pairs (each adds N pier Services)
 //   PIER_BENCH_BACKLOG_REPEAT=5           status floor + pier backlog pairs
 //   PIER_BENCH_LATENCY_SAMPLES=100        per agent setting (0: skip the lab)
-//   PIER_BENCH_LATENCY_SETTINGS=default,50ms   agent --min-sync-interval: its default (1 s), then 50 ms
+//   PIER_BENCH_LATENCY_SETTINGS=default,50ms   agent --min-sync-interval: its default (250 ms), then 50 ms
 import { CoreV1Api, EventsV1Api, KubeConfig, V1MicroTime, type EventsV1Event, type V1Service } from '@kubernetes/client-node';
 import { execa } from 'execa';
 import { statusPatch } from '../controller/status.ts';
@@ -393,7 +393,7 @@ async function throughputAndMemory(): Promise<void> {
 async function latency(): Promise<void> {
   note(`\ncreate -> first answered connection, ${N} Services present (lab: 2 nodes, an agent on each, the controller; one Service at a time)`);
   const settings: AgentSetting[] = LATENCY_SETTINGS.map((s) =>
-    s === 'default' ? { label: 'agent defaults (--min-sync-interval 1s)', args: [] } : { label: `agent --min-sync-interval ${s}`, args: ['--min-sync-interval', s] },
+    s === 'default' ? { label: 'agent defaults (--min-sync-interval 250ms)', args: [] } : { label: `agent --min-sync-interval ${s}`, args: ['--min-sync-interval', s] },
   );
   const run = await latencyInLab({ background: N, samples: LATENCY_SAMPLES, concurrency: CREATE_CONCURRENCY, settings, log: note });
   row(`background: ${N} dual-stack Services (3 objects each) created`, fmtMs(run.createMs));
