@@ -33,7 +33,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions, type V1EndpointSlice, type V1Service } from '@kubernetes/client-node';
 import { LOAD_BALANCER_CLASS, READY_CONDITION } from '../lib/contract.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
-import { ensureNamespace, startControlPlane } from '../test/cluster/controlplane.ts';
+import { ensureNamespace, registerNode, startControlPlane } from '../test/cluster/controlplane.ts';
 import { node as nodeObject, lbService } from '../test/support/objects.ts';
 import { ROOT, transpile } from './transpile.ts';
 
@@ -231,9 +231,7 @@ try {
   let createdS = NaN;
   if (!existing) {
     await ensureNamespace(core, NS);
-    const nodeBody = nodeObject(NODE, [{ type: 'InternalIP', address: NODE_IP }]);
-    await core.createNode({ body: nodeBody });
-    await core.patchNodeStatus({ name: NODE, body: { status: nodeBody.status } }, mergePatch);
+    await registerNode(core, nodeObject(NODE, [{ type: 'InternalIP', address: NODE_IP }]));
     for (const nodeFlags of variants) floors.set(nodeFlags, await runAgent(cli, kubeconfig, nodeFlags, 0));
 
     const t0 = performance.now();

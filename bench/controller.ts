@@ -27,7 +27,7 @@ import {
 } from '../lib/contract.ts';
 import { requestOptions } from '../lib/kube.ts';
 import { LeaseRenewer } from '../lib/lease.ts';
-import { ensureNamespace, startControlPlane, type ControlPlane } from '../test/cluster/controlplane.ts';
+import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../test/cluster/controlplane.ts';
 import { Fleet, StatusWatch, fleetItems, inParallel, summarize, type FleetItem, type FleetSpec } from '../test/support/fleet.ts';
 import { node as nodeObject } from '../test/support/objects.ts';
 import { latencyInLab, type AgentSetting } from './controller-latency.ts';
@@ -218,9 +218,7 @@ async function throughputAndMemory(): Promise<void> {
     const core = kc.makeApiClient(CoreV1Api);
     for (const ns of [SYSTEM, 'floor', 'floor-burst', 'bench']) await ensureNamespace(core, ns);
     for (const n of NODES) {
-      const addrs = [{ type: 'InternalIP' as const, address: n.v4 }, { type: 'InternalIP' as const, address: n.v6 }];
-      await core.createNode({ body: nodeObject(n.name, addrs) });
-      await core.patchNodeStatus({ name: n.name, body: { status: nodeObject(n.name, addrs).status } }, requestOptions({ mergePatch: true }));
+      await registerNode(core, nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]));
     }
     agents = fakeAgents(kc);
 

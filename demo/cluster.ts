@@ -1,32 +1,18 @@
 // The demo's Kubernetes objects. The test cluster has no kubelet and no
-// controller-manager, so the demo writes what they would: Ready Nodes with the
-// lab nodes' addresses, and the EndpointSlices naming the Service's pods. The
+// controller-manager, so the demo writes what they would (the Nodes through
+// registerLabNodes, the EndpointSlices naming the Service's pods here). The
 // Service itself is what a user writes.
-import { CoordinationV1Api, CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions, type V1LoadBalancerIngress, type V1Service } from '@kubernetes/client-node';
+import { CoordinationV1Api, CoreV1Api, DiscoveryV1Api, type V1LoadBalancerIngress, type V1Service } from '@kubernetes/client-node';
 import { agentLeaseName, LEADER_LEASE_NAME, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6 } from '../lib/contract.ts';
 import { ensureNamespace, statusOf } from '../test/cluster/controlplane.ts';
 import { ECHO_PORT, type Lab } from '../test/lab/lab.ts';
-import { endpointSlice, lbService, node as nodeObject } from '../test/support/objects.ts';
+import { endpointSlice, lbService } from '../test/support/objects.ts';
 import { eventually } from '../test/support/wait.ts';
 
 export const NAMESPACE = 'demo';
 export const SERVICE = 'web';
 export const SERVICE_PORT = 80;
 
-const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
-
-/** Plays kubelet: one Ready Node per lab node, with its IPv4 and IPv6 InternalIPs. */
-export async function registerNodes(core: CoreV1Api, lab: Lab): Promise<void> {
-  for (const n of lab.nodes) {
-    const body = nodeObject(n.name, [
-      { type: 'InternalIP', address: n.v4 },
-      { type: 'InternalIP', address: n.v6 },
-    ]);
-    await core.createNode({ body });
-    // Status is ignored on create, as for every object with a status subresource.
-    await core.patchNodeStatus({ name: n.name, body: { status: body.status } }, mergePatch);
-  }
-}
 
 /**
  * The user's part: a dual-stack LoadBalancer Service of pier's class, TCP and

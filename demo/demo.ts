@@ -11,9 +11,10 @@ import { fileURLToPath } from 'node:url';
 import { CoordinationV1Api, CoreV1Api, DiscoveryV1Api, type V1LoadBalancerIngress } from '@kubernetes/client-node';
 import { ensureBinaries, ensureNamespace, startControlPlane, type ControlPlane } from '../test/cluster/controlplane.ts';
 import { HOST_V4, Lab } from '../test/lab/lab.ts';
+import { registerLabNodes } from '../test/lab/pier.ts';
 import { atExit } from '../test/support/cleanup.ts';
 import { eventually } from '../test/support/wait.ts';
-import { createService, NAMESPACE, publishEndpoints, registerNodes, SERVICE, waitForIngress, waitForPier } from './cluster.ts';
+import { createService, NAMESPACE, publishEndpoints, SERVICE, waitForIngress, waitForPier } from './cluster.ts';
 import { answerLines, serviceTable, type Answer } from './format.ts';
 import { startPier, type Pier } from './pier.ts';
 import { untilSignal } from './signals.ts';
@@ -46,7 +47,7 @@ async function main(): Promise<number> {
     const core = cp.admin.makeApiClient(CoreV1Api);
     const discovery = cp.admin.makeApiClient(DiscoveryV1Api);
 
-    await registerNodes(core, lab);
+    await registerLabNodes(core, lab);
     say(`playing kubelet (the lab has none): Nodes ${lab.nodes.map((n) => n.name).join(' and ')}, Ready, with their addresses as InternalIPs`);
 
     await ensureNamespace(core, 'pier-system');

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
+import { CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, type V1Node } from '@kubernetes/client-node';
 import { execa, type ResultPromise } from 'execa';
 import { atExit, isAlive } from '../support/cleanup.ts';
 import { freePort } from '../support/ports.ts';
@@ -307,6 +307,15 @@ export async function ensureNamespace(core: CoreV1Api, name: string): Promise<vo
   } catch (err) {
     if (statusOf(err) !== 409) throw err;
   }
+}
+
+/**
+ * Registers a Node as kubelet would: the object, then its status (addresses,
+ * conditions), which the API server ignores on create.
+ */
+export async function registerNode(core: CoreV1Api, body: V1Node): Promise<void> {
+  await core.createNode({ body });
+  await core.patchNodeStatus({ name: body.metadata!.name!, body: { status: body.status } }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
 }
 
 export function tokenKubeConfig(server: string, caPem: string, token: string, user: string): KubeConfig {

@@ -22,7 +22,8 @@ import { stringify } from 'yaml';
 import { agentLeaseName, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV4_REASON, LEASE_IPTABLES_BACKEND } from '../../lib/contract.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { ECHO_PORT, HOST_V4, Lab, type Endpoint, type LabNode, type ProbeResult } from '../lab/lab.ts';
-import { endpointSlice, lbService, node as nodeObject } from '../support/objects.ts';
+import { endpointSlice, lbService } from '../support/objects.ts';
+import { registerLabNodes } from '../lab/pier.ts';
 import { isAlive } from '../support/cleanup.ts';
 import { eventually } from '../support/wait.ts';
 
@@ -103,10 +104,7 @@ describe('pier agent in the lab', () => {
     await ensureNamespace(core, NS);
     await ensureNamespace(core, 'pier-system');
     kubeconfig = cp.adminKubeconfigPath;
-    for (const n of lab.nodes) {
-      await core.createNode({ body: nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]) });
-      await core.patchNodeStatus({ name: n.name, body: { status: nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]).status } }, mergePatch);
-    }
+    await registerLabNodes(core, lab);
     // n1 is a strict host: FORWARD policy DROP with only the CNI's own
     // accepts (pod to pod, other nodes to its pods), plus rules of its own
     // that pier must leave alone. pier's DNATed traffic must still flow.

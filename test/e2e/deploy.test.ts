@@ -25,7 +25,8 @@ import { LEADER_LEASE_NAME, LEASE_FORWARDING_IPV6, agentLeaseName } from '../../
 import { ensureNamespace, startControlPlane, statusOf, type ControlPlane } from '../cluster/controlplane.ts';
 import { ECHO_PORT, HOST_V4, Lab } from '../lab/lab.ts';
 import { apply, containerEnv, containerOf, find, KUSTOMIZATIONS, render, type Rendered } from '../support/deploy.ts';
-import { endpointSlice, lbService, node as nodeObject } from '../support/objects.ts';
+import { endpointSlice, lbService } from '../support/objects.ts';
+import { registerLabNodes } from '../lab/pier.ts';
 import { eventually } from '../support/wait.ts';
 
 const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
@@ -146,10 +147,8 @@ describe('deploy/ against a real API server', () => {
   it('runs the controller and the agents with their own tokens and the manifests environment, and they serve a Service', async () => {
     await ensureNamespace(core, NS);
     controllerKc = await cp.serviceAccount(SYSTEM, 'pier-controller');
+    await registerLabNodes(core, lab);
     for (const n of lab.nodes) {
-      const addrs = [{ type: 'InternalIP' as const, address: n.v4 }, { type: 'InternalIP' as const, address: n.v6 }];
-      await core.createNode({ body: nodeObject(n.name, addrs) });
-      await core.patchNodeStatus({ name: n.name, body: { status: nodeObject(n.name, addrs).status } }, mergePatch);
       // The DaemonSet's pod on this node, as the scheduler would have placed
       // it; its bound token names the node, as a kubelet-projected one does.
       const pod = await core.createNamespacedPod({

@@ -9,7 +9,7 @@ import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions } from '@kub
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Agent, type AgentConfig } from '../../agent/agent.ts';
 import { silentLogger } from '../../lib/log.ts';
-import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
+import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 import { eventually } from '../support/wait.ts';
 
@@ -28,9 +28,7 @@ describe('agent: the first sync', () => {
     const core = cp.admin.makeApiClient(CoreV1Api);
     const discovery = cp.admin.makeApiClient(DiscoveryV1Api);
     await ensureNamespace(core, NS);
-    const body = node(NODE, [{ type: 'InternalIP', address: NODE_IP }]);
-    await core.createNode({ body });
-    await core.patchNodeStatus({ name: NODE, body: { status: body.status } }, mergePatch);
+    await registerNode(core, node(NODE, [{ type: 'InternalIP', address: NODE_IP }]));
     const create = async (i: number) => {
       const name = `svc-${i}`;
       const port = 20000 + i;

@@ -11,7 +11,7 @@ import { execa, type ResultPromise } from 'execa';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { AGENT_LEASE_LABEL, AGENT_LEASE_LABEL_VALUE, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, LEASE_NODE, agentLeaseName } from '../../lib/contract.ts';
 import { LeaseRenewer } from '../../lib/lease.ts';
-import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
+import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { atExit } from '../support/cleanup.ts';
 import { Fleet, StatusWatch } from '../support/fleet.ts';
 import { lbService, node } from '../support/objects.ts';
@@ -71,9 +71,7 @@ describe('controller and the API server', () => {
     core = cp.admin.makeApiClient(CoreV1Api);
     for (const ns of ['pier-system', NS, BACKLOG_NS]) await ensureNamespace(core, ns);
     for (const n of NODES) {
-      const addrs = [{ type: 'InternalIP' as const, address: n.v4 }];
-      await core.createNode({ body: node(n.name, addrs) });
-      await core.patchNodeStatus({ name: n.name, body: { status: node(n.name, addrs).status } }, mergePatch);
+      await registerNode(core, node(n.name, [{ type: 'InternalIP', address: n.v4 }]));
       // Long enough to outlast the outage: these tests are not about Lease expiry.
       const r = new LeaseRenewer({
         kc: cp.admin,

@@ -7,22 +7,20 @@
 import { createInterface } from 'node:readline';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CoreV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import type { CoreV1Api } from '@kubernetes/client-node';
 import type { ResultPromise } from 'execa';
+import { registerNode } from '../cluster/controlplane.ts';
 import { node as nodeObject } from '../support/objects.ts';
 import { fleetItems, type Fleet, type FleetSpec } from '../support/fleet.ts';
 import { ECHO_PORT, type Endpoint, type Lab } from './lab.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 export const CLI = join(HERE, '..', '..', 'lib', 'cli.ts');
-const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
 
 /** Node objects for the lab's nodes, Ready, with both underlay addresses as InternalIPs: what kubelet would register. */
 export async function registerLabNodes(core: CoreV1Api, lab: Lab): Promise<void> {
   for (const n of lab.nodes) {
-    const addrs = [{ type: 'InternalIP' as const, address: n.v4 }, { type: 'InternalIP' as const, address: n.v6 }];
-    await core.createNode({ body: nodeObject(n.name, addrs) });
-    await core.patchNodeStatus({ name: n.name, body: { status: nodeObject(n.name, addrs).status } }, mergePatch);
+    await registerNode(core, nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]));
   }
 }
 
