@@ -55,8 +55,12 @@ export const FIELD_MANAGER = 'pier-controller';
 const REPORTING_CONTROLLER = 'pier.dev/controller';
 /** A write that hangs must not hold a worker (and a Service) forever. */
 const WRITE_TIMEOUT_MS = 30_000;
-/** How long an Event may wait for queued status writes to go first. */
-const EVENT_DEFER_MS = 5000;
+/** How long an Event may wait for status writes to go first. */
+const EVENT_DEFER_MS = 30_000;
+/** Status writes this recent mean more may come: Events wait for a pause this long. */
+const EVENT_QUIET_MS = 1000;
+/** How long a graceful stop waits for the Events still waiting. */
+const EVENT_FLUSH_MS = 3000;
 const AGENT_LEASE_PREFIX = agentLeaseName('');
 
 type WriteKind = 'status' | 'annotation' | 'clear';
@@ -99,6 +103,11 @@ export class Controller {
   private readonly writing = new Map<string, string[]>();
   /** Events go out one at a time, behind the status writes (see record()). */
   private eventsSent: Promise<void> = Promise.resolve();
+  private eventsWaiting = 0;
+  /** Set when a stop has waited long enough for them. */
+  private dropEvents = false;
+  /** performance.now() of the last status or annotation write's end. */
+  private lastWriteAt = -Infinity;
   /** Allocations computed so far, for tests and logs. */
   allocations = 0;
 
@@ -179,6 +188,14 @@ export class Controller {
     this.leading = false;
     await this.queue.shutDown();
     await this.workers;
+    // Events still waiting for the writes to pause go out now, for a while.
+    const timeout = new AbortController();
+    const flushed = await Promise.race([this.eventsSent.then(() => true), sleep(EVENT_FLUSH_MS, false, { signal: timeout.signal }).catch(() => false)]);
+    timeout.abort();
+    if (!flushed) {
+      this.dropEvents = true;
+      this.log.warn({ events: this.eventsWaiting }, 'stopping with Events not yet written; they are dropped');
+    }
     await this.elector?.stop();
     this.stopLeading();
     await Promise.all([this.services.stop(), this.nodes.stop(), this.slices.stop(), this.leases.stop()]);
@@ -206,6 +223,10 @@ export class Controller {
     this.seedPending = true;
     this.reported.clear();
     this.metrics.leader.set(1);
+    // A standby keeps its allocation current: the writes it calls for start
+    // now, not after the next allocation. What changed since is skipped by
+    // handle() (another resourceVersion) and queued again by that allocation.
+    if (this.synced && this.allocations > 0) this.queueWrites(this.services.list(), this.desired);
     this.requestAllocation();
   }
 
@@ -254,6 +275,12 @@ export class Controller {
     this.recordAllocationMetrics(allocation);
 
     if (!this.leading) return;
+    const queued = this.queueWrites(services, allocation);
+    this.log.debug({ services: allocation.size, queued, ms: Math.round(performance.now() - started) }, 'allocated');
+  }
+
+  /** Queues each Service whose status, annotation or reported problems differ from the allocation. */
+  private queueWrites(services: readonly V1Service[], allocation: Map<string, ServiceAllocation>): number {
     const seeding = this.seedPending;
     this.seedPending = false;
     let queued = 0;
@@ -276,7 +303,7 @@ export class Controller {
     }
     for (const key of this.reported.keys()) if (!this.allocatedVersion.has(key)) this.reported.delete(key);
     this.metrics.queueDepth.set(this.queue.length);
-    this.log.debug({ services: allocation.size, queued, ms: Math.round(performance.now() - started) }, 'allocated');
+    return queued;
   }
 
   private recordAllocationMetrics(services: Map<string, ServiceAllocation>): void {
@@ -411,6 +438,7 @@ export class Controller {
       }
       throw err;
     } finally {
+      this.lastWriteAt = performance.now();
       const meanwhile = this.writing.get(key) ?? [];
       this.writing.delete(key);
       const own = stored?.metadata?.resourceVersion;
@@ -450,22 +478,32 @@ export class Controller {
   }
 
   /**
-   * Statuses first: Events go out one at a time, and each waits while
-   * Services are queued for writing (up to EVENT_DEFER_MS), so that when a
-   * backlog or a burst of Services arrives the API server spends itself on
-   * their statuses, which is what users wait for, and the Events follow.
+   * Statuses first: Events go out one at a time, and each waits until the
+   * status writes pause (nothing queued, none for EVENT_QUIET_MS), for up to
+   * EVENT_DEFER_MS. When a backlog or a burst of Services arrives, each
+   * Event would cost the API server (and etcd) about what a status write
+   * does; this way it spends itself on the statuses, which is what users
+   * wait for, and the Events follow. A single change waits EVENT_QUIET_MS.
    */
   private record(svc: V1Service, type: 'Normal' | 'Warning', reason: string, note: string): void {
     const event = { regarding: serviceRef(svc), type, reason, action: 'Allocate', note };
     const since = performance.now();
+    this.metrics.eventsPending.set(++this.eventsWaiting);
     this.eventsSent = this.eventsSent
-      .then(() => this.afterQueuedWrites(since))
-      .then(() => this.events.write(event))
-      .catch((err: unknown) => this.log.warn({ err: (err as Error)?.message ?? String(err), reason, service: serviceKey(svc) }, 'cannot write event'));
+      .then(() => this.afterWritesPause(since))
+      .then(() => (this.dropEvents ? undefined : this.events.write(event)))
+      .catch((err: unknown) => this.log.warn({ err: (err as Error)?.message ?? String(err), reason, service: serviceKey(svc) }, 'cannot write event'))
+      .finally(() => this.metrics.eventsPending.set(--this.eventsWaiting));
   }
 
-  private async afterQueuedWrites(since: number): Promise<void> {
-    while (this.queue.length > 0 && !this.stopping && performance.now() - since < EVENT_DEFER_MS) await sleep(20);
+  private async afterWritesPause(since: number): Promise<void> {
+    for (;;) {
+      const now = performance.now();
+      if (this.stopping || now - since >= EVENT_DEFER_MS) return;
+      const quietFor = now - this.lastWriteAt;
+      if (this.queue.length === 0 && this.writing.size === 0 && quietFor >= EVENT_QUIET_MS) return;
+      await sleep(this.queue.length > 0 || this.writing.size > 0 ? 20 : Math.min(EVENT_QUIET_MS - quietFor + 1, EVENT_DEFER_MS - (now - since)));
+    }
   }
 }
 

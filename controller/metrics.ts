@@ -41,6 +41,11 @@ export function controllerMetrics() {
       help: 'Services waiting for a worker.',
       registers: [registry],
     }),
+    eventsPending: new Gauge({
+      name: 'pier_controller_events_pending',
+      help: 'Events waiting for the status writes to pause (at most 30 s), or being written.',
+      registers: [registry],
+    }),
     lastAllocation: new Gauge({
       name: 'pier_controller_last_allocation_timestamp_seconds',
       help: 'Unix time of the last allocation.',

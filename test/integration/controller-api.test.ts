@@ -3,10 +3,11 @@
 // watches (lib/connections.ts), which must all come back after the API
 // server restarts; and the watch events of its own status writes do not
 // cost it a full allocation each, or writing a backlog would be bound by
-// allocations instead of by the API server.
+// allocations instead of by the API server; and its Events wait for the
+// status writes to pause, without being lost on a graceful stop.
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { CoreV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import { CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import { execa, type ResultPromise } from 'execa';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { AGENT_LEASE_LABEL, AGENT_LEASE_LABEL_VALUE, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, LEASE_NODE, agentLeaseName } from '../../lib/contract.ts';
@@ -37,6 +38,7 @@ interface Running {
 describe('controller and the API server', () => {
   let cp: ControlPlane;
   let core: CoreV1Api;
+  let eventsApi: EventsV1Api;
   let current: Running | undefined;
   const renewers: LeaseRenewer[] = [];
 
@@ -69,6 +71,7 @@ describe('controller and the API server', () => {
   beforeAll(async () => {
     cp = await startControlPlane();
     core = cp.admin.makeApiClient(CoreV1Api);
+    eventsApi = cp.admin.makeApiClient(EventsV1Api);
     for (const ns of ['pier-system', NS, BACKLOG_NS]) await ensureNamespace(core, ns);
     for (const n of NODES) {
       await registerNode(core, node(n.name, [{ type: 'InternalIP', address: n.v4 }]));
@@ -100,6 +103,9 @@ describe('controller and the API server', () => {
     await cp?.stop();
   });
 
+  const assignedEvents = async (namespace: string) =>
+    (await eventsApi.listNamespacedEvent({ namespace })).items.filter((e) => e.reportingController === 'pier.dev/controller' && e.reason === 'Assigned').length;
+
   const ports = async (name: string) => {
     const svc = await core.readNamespacedService({ name, namespace: NS });
     return JSON.stringify((svc.status?.loadBalancer?.ingress ?? []).map((i) => i.ports?.[0]?.port));
@@ -127,9 +133,11 @@ describe('controller and the API server', () => {
     const spec = { namespace: BACKLOG_NS, prefix: 'b-', count: 500, firstPort: 20000, targetPort: 8080, endpoints: { IPv4: [{ address: '198.19.1.10', nodeName: 'n1' }] } };
     const items = await fleet.create(spec, { concurrency: 20 });
     const watch = await StatusWatch.start(cp.admin, BACKLOG_NS);
+    let eventsByLastStatus: number;
     try {
       current = await startController();
       await watch.waitFor(items.map((i) => i.name), 120_000);
+      eventsByLastStatus = await assignedEvents(BACKLOG_NS);
     } finally {
       watch.stop();
     }
@@ -141,5 +149,20 @@ describe('controller and the API server', () => {
     // the odd Service the API server itself touched; writing 500 at the
     // coalescer's 200 ms spacing would otherwise allocate every ~200 ms.
     expect(allocations).toBeLessThanOrEqual(5);
+    // Statuses first: the Events wait for the writes to pause, then all come.
+    expect(eventsByLastStatus).toBeLessThan(100);
+    await eventually('an Assigned Event for each of the 500', async () => (await assignedEvents(BACKLOG_NS)) >= 500, { timeoutMs: 60_000, intervalMs: 500 });
+    expect(await metric(current, 'pier_controller_events_pending')).toBe(0);
+  });
+
+  it('writes the Events still waiting when stopped gracefully', async () => {
+    current ??= await startController();
+    await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'last-words', [{ name: 'http', port: 7070 }]) });
+    await eventually('its status', async () => (await ports('last-words')) === '[7070,7070]', { timeoutMs: 15_000, intervalMs: 20 });
+    // Its Event waits for a second without writes; the stop comes first.
+    await stopController(current);
+    current = undefined;
+    const events = await eventsApi.listNamespacedEvent({ namespace: NS });
+    expect(events.items.filter((e) => e.regarding?.name === 'last-words').map((e) => e.reason)).toEqual(['Assigned']);
   });
 });
