@@ -139,6 +139,8 @@ export class Agent {
     this.services.onChange(onChange);
     this.slices.onChange(onChange);
     this.nodes.onChange(onChange);
+    // The first sync's iptables-save is read while the informers list.
+    for (const applier of this.appliers.values()) void applier.prepare();
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
     this.cachesSynced = true;
@@ -248,7 +250,7 @@ export class Agent {
     }
     this.syncs++;
     // A full rewrite's iptables-save runs while the rules are computed.
-    for (const applier of this.appliers.values()) applier.prepare();
+    for (const applier of this.appliers.values()) void applier.prepare();
     // Incremental: the informers hand out the same object for an unchanged
     // Service or slice, so only what changed since the last sync is redone.
     this.pipeline ??= new SyncPipeline({

@@ -9,7 +9,9 @@
 //  - jumps from built-in chains checked with -C and inserted only when missing,
 //    at start, on full rewrites and on periodic resyncs.
 // iptables-save is only read on full rewrites (it costs hundreds of
-// milliseconds at 10,000 ports).
+// milliseconds at 10,000 ports), and the first one is read ahead, while the
+// agent's informers list the cluster, so that it is off the path from "caches
+// synced" to "rules in place".
 import type { Family } from '../lib/contract.ts';
 import type { Logger } from '../lib/log.ts';
 import { silentLogger } from '../lib/log.ts';
@@ -20,6 +22,15 @@ import { parseSave, restoreText, splitRule, type JumpEdits, type SavedTables } f
 export type { JumpEdits };
 
 export type ApplyMode = 'noop' | 'partial' | 'full';
+
+/**
+ * How long a save read ahead stays good for the first full rewrite: longer
+ * than an agent's informers take to list 10,000 Services (~3 s), short enough
+ * that the kernel has had little time to change. A jump into pier's chains
+ * deleted in that window is put back by the next resync's -C check, as one
+ * deleted at any other time is.
+ */
+const READ_AHEAD_MS = 10_000;
 
 export interface ApplyResult {
   family: Family;
@@ -37,8 +48,8 @@ export class Applier {
   private readonly log: Logger;
   /** What the kernel holds, as far as this process knows; undefined = unknown. */
   private applied: Ruleset | undefined;
-  /** The save for the next full rewrite, started early by prepare(). */
-  private pendingSave: Promise<SavedTables> | undefined;
+  /** The save for the next full rewrite, started early by prepare(), and when it started. */
+  private pendingSave: { tables: Promise<SavedTables>; at: number } | undefined;
 
   constructor(xt: Xtables, log: Logger = silentLogger) {
     this.xt = xt;
@@ -53,20 +64,28 @@ export class Applier {
   }
 
   /**
-   * Called right before the next ruleset is computed: when the next apply
-   * is going to be a full rewrite (nothing applied yet), the iptables-save it
-   * needs starts now, in its own process, while this one renders (a save of
-   * 10,000 ports' rules takes longer than rendering them). Each call starts
-   * afresh, so a save left over by a sync that failed before applying is
-   * never used later.
+   * Called when the agent starts and again right before each ruleset is
+   * computed: when the next apply is going to be a full rewrite (nothing
+   * applied yet), the iptables-save it needs starts now, in its own process,
+   * while this one lists the cluster or renders (a save of 10,000 ports'
+   * rules takes longer than rendering them). A save younger than
+   * READ_AHEAD_MS is kept: pier applied nothing since, and should another
+   * program have changed pier's chains meanwhile, full() reads again. The
+   * promise says when the save is read (it never rejects; the apply that
+   * uses the save reports its failure).
    */
-  prepare(): void {
-    this.pendingSave = undefined;
-    if (this.applied) return;
-    const save = this.saveTables();
-    // Awaited, and so reported, by the apply that uses it.
-    save.catch(() => {});
-    this.pendingSave = save;
+  prepare(): Promise<void> {
+    if (this.applied) {
+      this.pendingSave = undefined;
+      return Promise.resolve();
+    }
+    if (!this.pendingSave || performance.now() - this.pendingSave.at > READ_AHEAD_MS) {
+      this.pendingSave = { tables: this.saveTables(), at: performance.now() };
+    }
+    return this.pendingSave.tables.then(
+      () => undefined,
+      () => undefined,
+    );
   }
 
   /**
@@ -101,19 +120,39 @@ export class Applier {
     this.applied = undefined;
     const pending = this.pendingSave;
     this.pendingSave = undefined;
-    const saved = await (pending ?? this.saveTables());
+    if (!pending) return this.rewrite(next, reason, await this.saveTables());
+    try {
+      return await this.rewrite(next, reason, await pending.tables);
+    } catch (err) {
+      // The save was read before this apply: a jump it lists may be gone
+      // (the restore's -D fails, atomically; see rewrite()) or the save
+      // itself failed. Once more with a save read now; a second failure is real.
+      this.log.info({ err: (err as Error).message }, 'full rewrite from the earlier iptables-save failed; reading it again');
+      return this.rewrite(next, reason, await this.saveTables());
+    }
+  }
+
+  private async rewrite(next: Ruleset, reason: string, saved: SavedTables): Promise<ApplyResult> {
     const existingChains: Partial<Record<TableName, string[]>> = {};
     const jumpEdits: Partial<Record<TableName, JumpEdits>> = {};
+    let jumpsInserted = 0;
     for (const table of TABLES) {
       existingChains[table] = pierChains(saved.get(table));
-      jumpEdits[table] = planJumps(next, table, saved.get(table));
+      const plan = planJumps(next, table, saved.get(table));
+      jumpsInserted += plan.insert.length;
+      // The wanted jumps the save shows are deleted and inserted again: had
+      // one vanished since the save was read, its -D fails the restore
+      // rather than leave the node without it until a resync; and each goes
+      // back to the top of its chain, above rules added since.
+      const missing = new Set(plan.insert);
+      const wanted = next.tables[table].jumps;
+      jumpEdits[table] = { remove: [...plan.remove, ...wanted.filter((j) => !missing.has(j))], insert: [...wanted] };
     }
     // One transaction: stale jumps out (before their chains are deleted),
-    // chains rewritten, missing jumps in. No command per jump.
+    // chains rewritten, jumps in. No command per jump.
     const payload = restoreText(next, { existingChains, jumps: jumpEdits });
     if (payload !== '') await this.xt.restore(payload);
     this.applied = next;
-    const jumpsInserted = TABLES.reduce((n, t) => n + (jumpEdits[t]?.insert.length ?? 0), 0);
     this.log.info({ reason, bytes: payload.length, jumpsInserted }, 'full rewrite of pier chains');
     return { family: this.family, mode: 'full', payloadBytes: payload.length, jumpsInserted, reason };
   }

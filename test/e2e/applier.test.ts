@@ -110,6 +110,26 @@ describe('Applier', () => {
     expect(nat).toContain(':HOST-OWN');
   });
 
+  it('uses a save read ahead for the first sync, and reads again when the tables changed meanwhile', async () => {
+    // As at an agent's start: pier's chains from its last run are there, the
+    // save is read while the informers list, then the first sync applies.
+    await new Applier(new Xtables('ipv4', 'nft', commandRunner(['ip', 'netns', 'exec', s.ns]))).apply(ruleset(5));
+    const a = new Applier(xt);
+    await a.prepare();
+    const saves = () => calls.filter((c) => c.file.endsWith('-save')).length;
+    expect(saves()).toBe(1);
+    await a.prepare(); // the sync's own call keeps the recent save
+    expect(saves()).toBe(1);
+    // Meanwhile `pier cleanup` (or a person) removes pier's chains: the
+    // restore built from the earlier save deletes a chain that is gone, and fails.
+    await removeAll(new Xtables('ipv4', 'nft', commandRunner(['ip', 'netns', 'exec', s.ns])));
+    const r = await a.apply(ruleset(3));
+    expect(r.mode).toBe('full');
+    expect(saves()).toBe(2);
+    expect(calls.filter((c) => c.file.endsWith('-restore'))).toHaveLength(2);
+    expect(await pierState()).toEqual(await expected(ruleset(3)));
+  });
+
   it('falls back to a full rewrite when a partial write fails', async () => {
     const a = new Applier(xt);
     await a.apply(ruleset(20));
