@@ -2,9 +2,10 @@
 // kube-apiserver and etcd (test/cluster), one Node and N pier LoadBalancer
 // Services with their status written through the status subresource and one
 // EndpointSlice of two endpoints each, and `pier agent --dry-run` as a child
-// process, compiled to JavaScript as it ships. Its informers list and watch
-// the API server exactly as on a node; --dry-run only keeps the kernel out
-// (it still builds its whole state and renders every rule). Reports, per
+// process, bundled as the images ship it and with their Node flags. Its
+// informers list and watch the API server exactly as on a node; --dry-run
+// only keeps the kernel out (it still builds its whole state and renders
+// every rule). Reports, per
 // variant of Node flags, the time to ready and VmRSS / VmHWM from
 // /proc/<pid>/status: at ready, after settling, and after one Service's
 // endpoints change through a watch event.
@@ -14,15 +15,18 @@
 //   PIER_BENCH_SETTLE=20               seconds to wait after ready before reading RSS
 //   PIER_BENCH_NODE_FLAGS='|--max-semi-space-size=1'
 //                                      Node flags of each agent run, `|`-separated, given
-//                                      on node's command line as a DaemonSet's command
-//                                      would (some, like --lite-mode, are refused in
-//                                      NODE_OPTIONS); an empty entry: Node's defaults
+//                                      on node's command line as the image's ENTRYPOINT
+//                                      does (some, like --no-opt, are refused in
+//                                      NODE_OPTIONS); an empty entry: Node's defaults.
+//                                      Default: the flags Dockerfile.agent's ENTRYPOINT
+//                                      gives, then Node's defaults
 //   PIER_BENCH_AGENT_SOURCE=1          run lib/cli.ts through Node's type stripping instead
 //   PIER_BENCH_HOLD=1                  keep the cluster up at the end (Ctrl-C cleans up)
 //   PIER_BENCH_KUBECONFIG=<file>       measure against a cluster a held run left up
 //                                      (its objects already created), not a new one
-//   PIER_BENCH_AGENT_CLI=<file>        run this compiled cli.js instead (another build,
-//                                      for a before/after comparison)
+//   PIER_BENCH_AGENT_CLI=<file>        run this CLI instead of the bundle the images ship
+//                                      (npm run bundle, built into .cache): another build,
+//                                      for a before/after comparison
 //
 // Before it creates anything the bench measures the same agent against the
 // empty cluster: the floor of Node, the agent's modules and its idle state.
@@ -35,7 +39,9 @@ import { LOAD_BALANCER_CLASS, READY_CONDITION } from '../lib/contract.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { ensureNamespace, registerNode, startControlPlane } from '../test/cluster/controlplane.ts';
 import { node as nodeObject, lbService } from '../test/support/objects.ts';
-import { ROOT, transpile } from './transpile.ts';
+import { bundleInto } from '../scripts/bundle.ts';
+import { parseDockerfile } from '../test/support/dockerfile.ts';
+import { ROOT } from './transpile.ts';
 
 const NS = 'bench';
 const NODE = 'bench-node';
@@ -43,7 +49,7 @@ const NODE_IP = '198.51.100.11';
 const n = Number(process.env['PIER_BENCH_SERVICES'] ?? '10000');
 const concurrency = Number(process.env['PIER_BENCH_CONCURRENCY'] ?? '40');
 const settleMs = Number(process.env['PIER_BENCH_SETTLE'] ?? '20') * 1000;
-const variants = (process.env['PIER_BENCH_NODE_FLAGS'] ?? '|--max-semi-space-size=1').split('|').map((v) => v.trim());
+const variants = (process.env['PIER_BENCH_NODE_FLAGS'] ?? `${shippedNodeFlags().join(' ')}|`).split('|').map((v) => v.trim());
 const fromSource = process.env['PIER_BENCH_AGENT_SOURCE'] === '1';
 const hold = process.env['PIER_BENCH_HOLD'] === '1';
 const existing = process.env['PIER_BENCH_KUBECONFIG'];
@@ -101,10 +107,15 @@ function slice(i: number, owner: V1Service, generation = 0): V1EndpointSlice {
 }
 
 /** The agent's modules as JavaScript, as it ships (Node's TypeScript loader alone adds memory). */
-async function compileAgent(): Promise<string> {
-  const out = join(ROOT, '.cache', 'bench-rss-live');
-  await transpile(out, ['agent', 'lib']);
-  return join(out, 'lib', 'cli.js');
+/** The bundle the images ship, built as their Dockerfiles build it. */
+function bundledAgent(): Promise<string> {
+  return bundleInto(join(ROOT, '.cache', 'bench-rss-live'));
+}
+
+/** The Node flags Dockerfile.agent's ENTRYPOINT runs the agent with. */
+function shippedNodeFlags(): string[] {
+  const entrypoint = parseDockerfile(readFileSync(join(ROOT, 'Dockerfile.agent'), 'utf8')).stages.at(-1)?.entrypoint ?? [];
+  return entrypoint.slice(1, -1);
 }
 
 interface Memory {
@@ -224,7 +235,7 @@ try {
   const kc = loadKubeConfig({ kubeconfig }).kc;
   const core = kc.makeApiClient(CoreV1Api);
   const discovery = kc.makeApiClient(DiscoveryV1Api);
-  const cli = process.env['PIER_BENCH_AGENT_CLI'] ?? (fromSource ? join(ROOT, 'lib', 'cli.ts') : await compileAgent());
+  const cli = process.env['PIER_BENCH_AGENT_CLI'] ?? (fromSource ? join(ROOT, 'lib', 'cli.ts') : await bundledAgent());
   const label = (nodeFlags: string) => (nodeFlags === '' ? 'node (defaults)' : `node ${nodeFlags}`);
   const floors = new Map<string, Run>();
 
@@ -253,7 +264,7 @@ try {
   }
   process.stdout.write(
     `pier agent --dry-run against a real API server: ${n} Services and ${n} EndpointSlices (${existing ? 'an existing cluster' : `created in ${createdS.toFixed(0)} s, ${concurrency} in flight`}), ` +
-      `agent ${process.env['PIER_BENCH_AGENT_CLI'] ?? (fromSource ? 'from TypeScript source' : 'compiled to JavaScript')}, settle ${settleMs / 1000} s\n`,
+      `agent ${process.env['PIER_BENCH_AGENT_CLI'] ?? (fromSource ? 'from TypeScript source' : 'bundled as the images ship it')}, settle ${settleMs / 1000} s\n`,
   );
   const results: Run[] = [];
   if (n > 0) {

@@ -177,7 +177,7 @@ const pipeline = new SyncPipeline({ nodeName: NODE, model: { loadBalancerClass: 
 const applier = new Applier(new Xtables('ipv4', backendArg as 'nft' | 'legacy', commandRunner(['ip', 'netns', 'exec', ns])));
 /** What Agent.sync does for one family. */
 async function sync(): Promise<string> {
-  applier.prepare();
+  void applier.prepare();
   const model = pipeline.model({ nodeAddresses: [NODE_IP], services: services.list(), slices: slices.list() });
   return (await applier.apply(pipeline.ruleset(model.ipv4))).mode;
 }

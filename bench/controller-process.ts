@@ -1,28 +1,22 @@
-// `pier controller` as the benchmark runs it: compiled to JavaScript as it
-// ships (Node's TypeScript loader alone would add ~17 MB to its memory), a
+// `pier controller` as the benchmark runs it: bundled as the images ship it
+// (Node's TypeScript loader alone would add ~17 MB to its memory), a
 // process of its own in the root namespace, its health server on loopback so
 // the benchmark can read /readyz and /metrics, its memory read from /proc.
 import { readFileSync } from 'node:fs';
-import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { execa, type ResultPromise } from 'execa';
 import { atExit } from '../test/support/cleanup.ts';
 import { freePort } from '../test/support/ports.ts';
-import { ROOT, transpile } from './transpile.ts';
+import { bundleInto } from '../scripts/bundle.ts';
+import { ROOT } from './transpile.ts';
 
 const OUT = join(ROOT, '.cache', 'bench-controller');
 let compiled: Promise<string> | undefined;
 
-/** Transpiles lib/, controller/ and agent/ (the CLI imports both) into .cache/bench-controller once; returns its cli.js. */
+/** The bundle the images ship (scripts/bundle.ts), built into .cache/bench-controller once. */
 function compiledCli(): Promise<string> {
-  compiled ??= (async () => {
-    await transpile(OUT, ['lib', 'controller', 'agent']);
-    // ES modules, and the version lib/version.ts looks for one level up.
-    const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { name: string; version: string };
-    await writeFile(join(OUT, 'package.json'), JSON.stringify({ name: pkg.name, version: pkg.version, type: 'module' }));
-    return join(OUT, 'lib', 'cli.js');
-  })();
+  compiled ??= bundleInto(OUT);
   return compiled;
 }
 
@@ -115,6 +109,16 @@ export class ControllerProcess {
     let n = 0;
     for (const [k, v] of await this.metrics()) if (k.startsWith(prefix)) n += v;
     return n;
+  }
+
+  /** performance.now() once no Event waits to be written (they wait for the status writes to pause). */
+  async eventsWritten(timeoutMs = 120_000): Promise<number> {
+    const deadline = performance.now() + timeoutMs;
+    while ((await this.sum('pier_controller_events_pending')) > 0) {
+      if (performance.now() > deadline) throw new Error(`Events still pending after ${timeoutMs} ms`);
+      await sleep(50);
+    }
+    return performance.now();
   }
 
   async memory(): Promise<Memory> {

@@ -148,8 +148,9 @@ export class ImageBuilder {
       const started = performance.now();
       const r = await execa(cmd, [...args, ...extra], {
         cwd: hostPath(rootfs, workdir),
-        // The image's environment, not the test runner's (vitest sets NODE_ENV=test, for one).
-        env: { PATH: `${dirname(process.execPath)}:${process.env['PATH'] ?? ''}`, HOME: process.env['HOME'] ?? '/root', ...env },
+        // The image's environment, not the test runner's (vitest sets NODE_ENV=test, for one),
+        // but the host's way to the registry: a build on this machine would need it too.
+        env: { PATH: `${dirname(process.execPath)}:${process.env['PATH'] ?? ''}`, HOME: process.env['HOME'] ?? '/root', ...registryAccess(), ...env },
         extendEnv: false,
         reject: false,
         all: true,
@@ -169,6 +170,12 @@ export class ImageBuilder {
     if (text === 'rm -rf /var/lib/apt/lists/*') return;
     throw new DockerfileError(`${where}: the reproduction cannot run "${text}" outside Docker (teach test/support/imagebuild.ts, or do it another way)`);
   }
+}
+
+/** The host's CA bundle and proxies, which npm needs to reach the registry from here. */
+function registryAccess(): Record<string, string> {
+  const names = ['NODE_EXTRA_CA_CERTS', 'HTTP_PROXY', 'HTTPS_PROXY', 'NO_PROXY', 'http_proxy', 'https_proxy', 'no_proxy'];
+  return Object.fromEntries(names.flatMap((n) => (process.env[n] ? [[n, process.env[n]!]] : [])));
 }
 
 /** A node_modules above the image's folders would satisfy a dependency the image lacks. */
