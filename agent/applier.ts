@@ -6,8 +6,9 @@
 //    every pier chain when the partial one fails;
 //  - a full rewrite when pier's state in the kernel is unknown: at start, after
 //    a failure, or when the canary rule is gone (someone flushed the table);
-//  - jumps from built-in chains checked with -C and inserted only when missing,
-//    at start, on full rewrites and on periodic resyncs.
+//  - jumps from built-in chains: on full rewrites, those the save shows are
+//    deleted and inserted again in the same transaction and the missing ones
+//    inserted; on periodic resyncs, checked with -C and inserted when missing.
 // iptables-save is only read on full rewrites (it costs hundreds of
 // milliseconds at 10,000 ports), and the first one is read ahead, while the
 // agent's informers list the cluster, so that it is off the path from "caches
@@ -26,9 +27,8 @@ export type ApplyMode = 'noop' | 'partial' | 'full';
 /**
  * How long a save read ahead stays good for the first full rewrite: longer
  * than an agent's informers take to list 10,000 Services (~3 s), short enough
- * that the kernel has had little time to change. A jump into pier's chains
- * deleted in that window is put back by the next resync's -C check, as one
- * deleted at any other time is.
+ * that the kernel has had little time to change. Should a jump into pier's
+ * chains vanish in that window, the rewrite fails and reads again (full()).
  */
 const READ_AHEAD_MS = 10_000;
 
