@@ -44,6 +44,28 @@ describe('Coalescer', () => {
     expect(runs.map((r) => r.at - t0)).toEqual([0, 500]);
   });
 
+  it('with a duty cycle, spaces runs that take long further apart than the minimum interval', async () => {
+    const starts: number[] = [];
+    const c = new Coalescer<object>(
+      async () => {
+        starts.push(Date.now());
+        await new Promise((r) => setTimeout(r, 300));
+      },
+      { minIntervalMs: 200, merge: (a) => a, dutyCycle: 0.25 },
+    );
+    const t0 = Date.now();
+    // A signal every 10 ms for 5 s: runs of 300 ms may take a quarter of the time, one per 1,200 ms.
+    for (let t = 0; t < 5000; t += 10) {
+      c.request({});
+      await vi.advanceTimersByTimeAsync(10);
+    }
+    expect(starts.map((s) => s - t0)).toEqual([0, 1200, 2400, 3600, 4800]);
+    const stopped = c.stop();
+    await vi.advanceTimersByTimeAsync(300); // the run in progress ends
+    await stopped;
+    expect(() => new Coalescer(async () => {}, { minIntervalMs: 1, merge: (a) => a, dutyCycle: 0 })).toThrow(RangeError);
+  });
+
   it('keeps going after a failing run, and stop() drops what is pending', async () => {
     let calls = 0;
     const c = new Coalescer<{ x: number }>(
