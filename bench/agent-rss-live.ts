@@ -5,15 +5,14 @@
 // process, bundled as the images ship it and with their Node flags. Its
 // informers list and watch the API server exactly as on a node; --dry-run
 // only keeps the kernel out (it still builds its whole state and renders
-// every rule). Reports, per
-// variant of Node flags, the time to ready and VmRSS / VmHWM from
-// /proc/<pid>/status: at ready, after settling, and after one Service's
-// endpoints change through a watch event.
+// every rule). Reports, per variant of Node flags, the time to ready and
+// VmRSS / VmHWM from /proc/<pid>/status: at ready, after settling, and after
+// one Service's endpoints change through a watch event.
 //
 //   PIER_BENCH_SERVICES=10000          Services (one port each) and EndpointSlices (0: the floor only)
 //   PIER_BENCH_CONCURRENCY=40          API requests in flight while creating them
 //   PIER_BENCH_SETTLE=20               seconds to wait after ready before reading RSS
-//   PIER_BENCH_NODE_FLAGS='|--max-semi-space-size=1'
+//   PIER_BENCH_NODE_FLAGS='--max-semi-space-size=1|'
 //                                      Node flags of each agent run, `|`-separated, given
 //                                      on node's command line as the image's ENTRYPOINT
 //                                      does (some, like --no-opt, are refused in
@@ -106,7 +105,6 @@ function slice(i: number, owner: V1Service, generation = 0): V1EndpointSlice {
   };
 }
 
-/** The agent's modules as JavaScript, as it ships (Node's TypeScript loader alone adds memory). */
 /** The bundle the images ship, built as their Dockerfiles build it. */
 function bundledAgent(): Promise<string> {
   return bundleInto(join(ROOT, '.cache', 'bench-rss-live'));

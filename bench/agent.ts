@@ -13,9 +13,10 @@
 // too); the raw restore it is compared with writes the very payload the
 // applier writes there (jumps into the built-in chains included).
 //
-// The memory figure comes from a separate process (bench/agent-rss.ts, run as
-// the JavaScript the agent ships as) holding the agent's modules, client-node's
-// decoded objects and pier's state after a full sync.
+// The memory figure comes from a separate process (bench/agent-rss.ts,
+// compiled to JavaScript, with this process's Node flags) holding the agent's
+// modules, client-node's decoded objects and pier's state after a full sync:
+// a proxy; npm run bench:agent-rss measures the bundled agent for real.
 //
 //   PIER_BENCH_SIZES=100,1000,10000   service ports for the cold syncs
 //   PIER_BENCH_REPEAT=5               repetitions of the small measurements (median)
