@@ -39,7 +39,7 @@ import { loadKubeConfig } from '../lib/kube.ts';
 import { ensureNamespace, registerNode, startControlPlane } from '../test/cluster/controlplane.ts';
 import { node as nodeObject, lbService } from '../test/support/objects.ts';
 import { bundleInto } from '../scripts/bundle.ts';
-import { parseDockerfile } from '../test/support/dockerfile.ts';
+import { nodeFlags, parseDockerfile } from '../test/support/dockerfile.ts';
 import { ROOT } from './transpile.ts';
 
 const NS = 'bench';
@@ -112,8 +112,7 @@ function bundledAgent(): Promise<string> {
 
 /** The Node flags Dockerfile.agent's ENTRYPOINT runs the agent with. */
 function shippedNodeFlags(): string[] {
-  const entrypoint = parseDockerfile(readFileSync(join(ROOT, 'Dockerfile.agent'), 'utf8')).stages.at(-1)?.entrypoint ?? [];
-  return entrypoint.slice(1, -1);
+  return nodeFlags(parseDockerfile(readFileSync(join(ROOT, 'Dockerfile.agent'), 'utf8')).stages.at(-1)!);
 }
 
 interface Memory {

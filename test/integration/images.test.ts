@@ -15,7 +15,7 @@ import { binaries, type Backend } from '../../agent/iptables.ts';
 import { DEFAULT_NAMESPACE, FAMILIES, LEADER_LEASE_NAME } from '../../lib/contract.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { atExit } from '../support/cleanup.ts';
-import { parseDockerfile, splitShell, type Stage } from '../support/dockerfile.ts';
+import { nodeFlags, parseDockerfile, splitShell, type Stage } from '../support/dockerfile.ts';
 import { ImageBuilder, imageCommand, runImage, type BuiltStage } from '../support/imagebuild.ts';
 import { freePort } from '../support/ports.ts';
 import { readOnlyRoot, type ReadOnlyRoot } from '../support/readonlyroot.ts';
@@ -76,7 +76,7 @@ describe('the Dockerfiles, read', () => {
   });
 
   it('agent: npm run bench:agent measures the agent with the Node flags its image runs it with', () => {
-    const flags = finalStage('agent').entrypoint!.slice(1, -1);
+    const flags = nodeFlags(finalStage('agent'));
     expect(flags.length).toBeGreaterThan(0);
     const scripts = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> }).scripts;
     const bench = scripts['bench:agent']!.split(' ');

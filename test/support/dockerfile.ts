@@ -216,6 +216,13 @@ export function stageRef(df: Dockerfile, ref: string, before: number): Stage | u
   return found;
 }
 
+/** The flags between `node` and the script of a `["node", ...flags, script]` ENTRYPOINT. */
+export function nodeFlags(stage: Stage): string[] {
+  const [program, ...rest] = stage.entrypoint ?? [];
+  if (program !== 'node' || rest.length === 0) throw new DockerfileError(`ENTRYPOINT ${JSON.stringify(stage.entrypoint)} does not run a script with node`);
+  return rest.slice(0, -1);
+}
+
 /**
  * A shell-form RUN as a list of commands joined by `&&`, each split into
  * words. Anything else the shell would interpret (quotes, pipes, `;`,
