@@ -195,15 +195,18 @@ export function serviceOwner(svc: V1Service): ServiceIdentity {
  * Service is served completely or not at all.
  */
 export function serviceResult(svc: V1Service, owner: ServiceIdentity, slices: readonly V1EndpointSlice[], ctx: ModelContext): ServiceResult {
-  const mine: ServiceResult = { owner, plans: [], claims: [], problems: [] };
+  const mine: ServiceResult = { owner, plans: NONE, claims: NONE, problems: NONE };
   try {
     serviceModel(svc, owner, ctx, slices, mine);
     // Kept as long as the Service is: without the room arrays leave to grow.
-    return { owner, plans: mine.plans.slice(), claims: mine.claims.slice(), problems: mine.problems.length > 0 ? mine.problems.slice() : NONE };
+    if (mine.plans.length > 1) mine.plans = mine.plans.slice();
+    if (mine.claims.length > 1) mine.claims = mine.claims.slice();
+    if (mine.problems.length > 1) mine.problems = mine.problems.slice();
+    return mine;
   } catch (err) {
     // A shape no check anticipated (a hand-written object with wrong types):
     // this Service is skipped, the others are not.
-    return { owner, plans: [], claims: [], problems: [{ service: owner.id, reason: 'InvalidService', message: `cannot read Service ${owner.id}: ${(err as Error).message}` }] };
+    return { owner, plans: NONE, claims: NONE, problems: [{ service: owner.id, reason: 'InvalidService', message: `cannot read Service ${owner.id}: ${(err as Error).message}` }] };
   }
 }
 
@@ -277,32 +280,47 @@ export function planFamily(plan: ServicePortPlan): Family {
 /** Shared by every plan without source ranges; nothing changes model arrays. */
 const NONE: never[] = Object.freeze([]) as never[];
 
+/** Appends to a list that starts as NONE: most lists here hold one item, and a literal of one is exactly its size. */
+function append<T>(list: T[], item: T): T[] {
+  if (list === NONE) return [item];
+  list.push(item);
+  return list;
+}
+
+function problem(out: ServiceResult, p: Problem): void {
+  out.problems = append(out.problems, p);
+}
+
+// Indexed loops rather than for...of below: this runs per Service on a cold
+// sync, and with the agent's Node flags (no optimising compiler) every
+// iterator step allocates.
 function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext, slices: readonly V1EndpointSlice[], out: ServiceResult): void {
-  const { plans, claims, problems } = out;
   const service = owner.id;
   // Only Services advertised on this node concern this agent; reporting the
   // others would make every node raise the same Event.
-  const ingresses: V1LoadBalancerIngress[] = [];
-  const ips: AddressInfo[] = [];
-  for (const ing of svc.status?.loadBalancer?.ingress ?? []) {
+  let ingresses: V1LoadBalancerIngress[] = NONE;
+  let ips: AddressInfo[] = NONE;
+  const allIngress = svc.status?.loadBalancer?.ingress ?? NONE;
+  for (let i = 0; i < allIngress.length; i++) {
+    const ing = allIngress[i]!;
     const ip = addressInfo(ing?.ip);
     if (ip !== undefined && ctx.nodeAddresses.has(ip.text)) {
-      ingresses.push(ing);
-      ips.push(ip);
+      ingresses = append(ingresses, ing);
+      ips = append(ips, ip);
     }
   }
   if (ingresses.length === 0) return;
 
-  const specPorts: V1ServicePort[] = svc.spec?.ports ?? [];
+  const specPorts: V1ServicePort[] = svc.spec?.ports ?? NONE;
   const max = ctx.config.maxPortsPerService;
   if (specPorts.length > max) {
-    problems.push({ service, reason: 'TooManyPorts', message: `Service ${service} has ${specPorts.length} ports, more than the ${max} this agent serves per Service; none is served` });
+    problem(out, { service, reason: 'TooManyPorts', message: `Service ${service} has ${specPorts.length} ports, more than the ${max} this agent serves per Service; none is served` });
     return;
   }
 
   const ranges = sourceRanges(svc);
   if ('bad' in ranges) {
-    problems.push({
+    problem(out, {
       service,
       reason: 'InvalidSourceRange',
       message: `Service ${service}: source range ${JSON.stringify(ranges.bad)} is not a CIDR or an address; the Service is not served rather than served to everyone`,
@@ -318,15 +336,15 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
     const portName = typeof sp?.name === 'string' ? sp.name : '';
     const portLabel = portName || String(index);
     const protocol = sp?.protocol ?? 'TCP';
-    if (!(PROTOCOLS as readonly string[]).includes(protocol)) {
-      problems.push({ service, port: portLabel, reason: 'UnsupportedProtocol', message: `Service ${service} port ${portLabel}: protocol ${JSON.stringify(protocol)} is not TCP, UDP or SCTP; the port is not served` });
+    if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') {
+      problem(out, { service, port: portLabel, reason: 'UnsupportedProtocol', message: `Service ${service} port ${portLabel}: protocol ${JSON.stringify(protocol)} is not TCP, UDP or SCTP; the port is not served` });
       continue;
     }
-    const proto = protocol as Protocol;
+    const proto: Protocol = protocol;
     if (keys) {
       const id = `${portLabel}/${proto}`;
       if (keys.has(id)) {
-        problems.push({ service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portLabel}/${proto} appears twice; only the first is served` });
+        problem(out, { service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portLabel}/${proto} appears twice; only the first is served` });
         continue;
       }
       keys.add(id);
@@ -340,16 +358,16 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
       const ip = ips[k]!;
       const st = ing.ports?.[index];
       if (!st) {
-        problems.push({ service, port: portLabel, reason: 'StatusPortMissing', message: `Service ${service} port ${portLabel}: status for ${ip.text} has no entry ${index}; the port is not served there` });
+        problem(out, { service, port: portLabel, reason: 'StatusPortMissing', message: `Service ${service} port ${portLabel}: status for ${ip.text} has no entry ${index}; the port is not served there` });
         continue;
       }
       if (st.error) continue;
       if (!Number.isInteger(st.port) || st.port < 1 || st.port > 65535) {
-        problems.push({ service, port: portLabel, reason: 'StatusPortInvalid', message: `Service ${service} port ${portLabel}: status port ${JSON.stringify(st.port)} for ${ip.text} is not in 1-65535` });
+        problem(out, { service, port: portLabel, reason: 'StatusPortInvalid', message: `Service ${service} port ${portLabel}: status port ${JSON.stringify(st.port)} for ${ip.text} is not in 1-65535` });
         continue;
       }
       if (st.protocol !== undefined && st.protocol !== proto) {
-        problems.push({ service, port: portLabel, reason: 'StatusPortMismatch', message: `Service ${service} port ${portLabel}: status protocol ${JSON.stringify(st.protocol)} for ${ip.text} does not match ${proto}` });
+        problem(out, { service, port: portLabel, reason: 'StatusPortMismatch', message: `Service ${service} port ${portLabel}: status protocol ${JSON.stringify(st.protocol)} for ${ip.text} does not match ${proto}` });
         continue;
       }
       if (seenFrontends) {
@@ -363,9 +381,10 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
     }
     if (!v4 && !v6) continue;
 
-    const endpoints = portEndpoints(service, portLabel, portName, proto, local, ctx.nodeName, slices, problems);
+    const endpoints = portEndpoints(service, portLabel, portName, proto, local, ctx.nodeName, slices, out);
     const comment = sanitizeComment([service, ':', portName || (Number.isInteger(sp.port) ? sp.port : index)].join(''));
-    for (const family of FAMILIES) {
+    for (let f = 0; f < FAMILIES.length; f++) {
+      const family = FAMILIES[f]!;
       const frontends = family === 'ipv4' ? v4 : v6;
       if (!frontends) continue;
       insertionSort(frontends, compareFrontends);
@@ -375,13 +394,16 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
         comment,
         protocol: proto,
         frontends,
-        endpoints: endpoints[family],
+        endpoints: family === 'ipv4' ? endpoints.ipv4 : endpoints.ipv6,
         sourceRanges: restrictSources ? ranges[family] : NONE,
         restrictSources,
         masquerade: !local,
       };
-      plans.push(plan);
-      for (const frontend of frontends) claims.push({ plan, owner, portLabel, frontend, key: frontendKey(ctx, frontend.address, proto, frontend.port) });
+      out.plans = append(out.plans, plan);
+      for (let k = 0; k < frontends.length; k++) {
+        const frontend = frontends[k]!;
+        out.claims = append(out.claims, { plan, owner, portLabel, frontend, key: frontendKey(ctx, frontend.address, proto, frontend.port) });
+      }
     }
   }
 }
@@ -424,6 +446,12 @@ function compareEndpoints(a: Endpoint, b: Endpoint): number {
   return compareAddresses(a.address, b.address) || a.port - b.port;
 }
 
+/** A port's endpoints per family, sorted. */
+interface PortEndpoints {
+  ipv4: Endpoint[];
+  ipv6: Endpoint[];
+}
+
 function portEndpoints(
   service: string,
   portLabel: string,
@@ -432,14 +460,23 @@ function portEndpoints(
   local: boolean,
   nodeName: string,
   slices: readonly V1EndpointSlice[],
-  problems: Problem[],
-): Record<Family, Endpoint[]> {
+  out: ServiceResult,
+): PortEndpoints {
+  // Sized for every endpoint listed, so the common case (one slice, all
+  // ready, one family) ends with a list of exactly its size and no copy.
+  let room = 0;
+  for (let s = 0; s < slices.length; s++) room += slices[s]?.endpoints?.length ?? 0;
   let ready: Endpoint[] | undefined;
+  let nReady = 0;
   let fallback: Endpoint[] | undefined;
-  for (const slice of slices) {
+  let nFallback = 0;
+  for (let s = 0; s < slices.length; s++) {
+    const slice = slices[s]!;
     if (slice.addressType !== 'IPv4' && slice.addressType !== 'IPv6') continue;
     let sp: DiscoveryV1EndpointPort | undefined;
-    for (const p of slice.ports ?? []) {
+    const ports = slice.ports ?? NONE;
+    for (let i = 0; i < ports.length; i++) {
+      const p = ports[i];
       if ((p?.name ?? '') === portName && (p?.protocol ?? 'TCP') === protocol) {
         sp = p;
         break;
@@ -448,53 +485,71 @@ function portEndpoints(
     // No port means "unrestricted" in the API; there is nothing to DNAT to.
     if (!sp || sp.port === undefined || sp.port === null) continue;
     if (!Number.isInteger(sp.port) || sp.port < 1 || sp.port > 65535) {
-      problems.push({ service, port: portLabel, reason: 'InvalidEndpointPort', message: `Service ${service} port ${portLabel}: EndpointSlice ${slice.metadata?.name ?? ''} has port ${JSON.stringify(sp.port)}, not in 1-65535; its endpoints are skipped` });
+      problem(out, { service, port: portLabel, reason: 'InvalidEndpointPort', message: `Service ${service} port ${portLabel}: EndpointSlice ${slice.metadata?.name ?? ''} has port ${JSON.stringify(sp.port)}, not in 1-65535; its endpoints are skipped` });
       continue;
     }
-    for (const ep of slice.endpoints ?? []) {
+    const eps = slice.endpoints ?? NONE;
+    for (let i = 0; i < eps.length; i++) {
+      const ep = eps[i];
       const rawAddress = ep?.addresses?.[0];
       const addr = addressInfo(rawAddress);
       if (!addr) {
-        problems.push({ service, port: portLabel, reason: 'InvalidEndpointAddress', message: `Service ${service} port ${portLabel}: endpoint address ${JSON.stringify(rawAddress)} in EndpointSlice ${slice.metadata?.name ?? ''} is not an IP address; it is skipped` });
+        problem(out, { service, port: portLabel, reason: 'InvalidEndpointAddress', message: `Service ${service} port ${portLabel}: endpoint address ${JSON.stringify(rawAddress)} in EndpointSlice ${slice.metadata?.name ?? ''} is not an IP address; it is skipped` });
         continue;
       }
-      const isLocal = ep.nodeName === nodeName;
+      const isLocal = ep!.nodeName === nodeName;
       if (local && !isLocal) continue;
       const endpoint: Endpoint = { address: addr.text, port: sp.port, local: isLocal };
-      const c = ep.conditions;
-      if (c?.ready !== false) (ready ??= []).push(endpoint);
-      else if (c.serving === true && c.terminating === true) (fallback ??= []).push(endpoint);
+      const c = ep!.conditions;
+      if (c?.ready !== false) (ready ??= new Array<Endpoint>(room))[nReady++] = endpoint;
+      else if (c.serving === true && c.terminating === true) (fallback ??= new Array<Endpoint>(room))[nFallback++] = endpoint;
     }
   }
-  // IPv4 sorts first, so each family is one run of the sorted list.
-  if (ready) insertionSort(ready, compareEndpoints);
-  if (fallback) insertionSort(fallback, compareEndpoints);
-  const out: Record<Family, Endpoint[]> = { ipv4: NONE, ipv6: NONE };
-  let ri = 0;
-  let fi = 0;
-  for (const family of FAMILIES) {
-    const v6 = family === 'ipv6';
-    const readyStart = ri;
-    while (ready && ri < ready.length && ready[ri]!.address.includes(':') === v6) ri++;
-    const fallbackStart = fi;
-    while (fallback && fi < fallback.length && fallback[fi]!.address.includes(':') === v6) fi++;
-    // Terminating-but-serving endpoints only when nothing is ready: better a
-    // draining pod than a refused connection.
-    const [chosen, from, to] = ri > readyStart ? [ready!, readyStart, ri] : [fallback, fallbackStart, fi];
-    if (!chosen || to === from) continue;
-    // Sorted, so one endpoint listed twice (two slices) is adjacent: merged,
-    // it is local when either listing says so.
-    const list: Endpoint[] = [];
-    for (let i = from; i < to; i++) {
-      const endpoint = chosen[i]!;
-      const prev = list[list.length - 1];
-      if (prev && prev.address === endpoint.address && prev.port === endpoint.port) {
-        if (endpoint.local && !prev.local) list[list.length - 1] = { ...prev, local: true };
-      } else list.push(endpoint);
-    }
-    out[family] = list.slice();
+  const result: PortEndpoints = { ipv4: NONE, ipv6: NONE };
+  // Terminating-but-serving endpoints only when nothing of the family is
+  // ready: better a draining pod than a refused connection.
+  if (ready) {
+    ready.length = nReady;
+    insertionSort(ready, compareEndpoints);
   }
-  return out;
+  if (fallback) {
+    fallback.length = nFallback;
+    insertionSort(fallback, compareEndpoints);
+  }
+  const readyV4 = ready ? ipv4Run(ready) : 0;
+  const fallbackV4 = fallback ? ipv4Run(fallback) : 0;
+  if (readyV4 > 0) result.ipv4 = distinct(ready!, 0, readyV4);
+  else if (fallbackV4 > 0) result.ipv4 = distinct(fallback!, 0, fallbackV4);
+  if (ready && nReady > readyV4) result.ipv6 = distinct(ready, readyV4, nReady);
+  else if (fallback && nFallback > fallbackV4) result.ipv6 = distinct(fallback, fallbackV4, nFallback);
+  return result;
+}
+
+/** How many of a sorted list are IPv4: they sort first. */
+function ipv4Run(sorted: readonly Endpoint[]): number {
+  let i = 0;
+  while (i < sorted.length && !sorted[i]!.address.includes(':')) i++;
+  return i;
+}
+
+/**
+ * sorted[from, to) with each endpoint once. Sorted, so one endpoint listed
+ * twice (two slices) is adjacent: merged, it is local when either listing
+ * says so. The list itself when it is all of it and has no duplicate.
+ */
+function distinct(sorted: Endpoint[], from: number, to: number): Endpoint[] {
+  let dup = false;
+  for (let i = from + 1; i < to && !dup; i++) dup = sorted[i - 1]!.address === sorted[i]!.address && sorted[i - 1]!.port === sorted[i]!.port;
+  if (!dup) return from === 0 && to === sorted.length ? sorted : sorted.slice(from, to);
+  const list: Endpoint[] = [];
+  for (let i = from; i < to; i++) {
+    const endpoint = sorted[i]!;
+    const prev = list[list.length - 1];
+    if (prev && prev.address === endpoint.address && prev.port === endpoint.port) {
+      if (endpoint.local && !prev.local) list[list.length - 1] = { ...prev, local: true };
+    } else list.push(endpoint);
+  }
+  return list.slice();
 }
 
 /** Lists here are short (a Service's endpoints, a plan's frontends), where the built-in sort's setup costs more than the sorting. */

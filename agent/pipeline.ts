@@ -149,6 +149,7 @@ interface Live {
 type SliceSet = V1EndpointSlice | V1EndpointSlice[] | undefined;
 
 const FAMILY_LIST: readonly Family[] = ['ipv4', 'ipv6'];
+const NO_SLICES: readonly V1EndpointSlice[] = Object.freeze([]);
 
 class IncrementalModel {
   private ctx: ModelContext | undefined;
@@ -195,7 +196,9 @@ class IncrementalModel {
     // lookup by identity, no map built per sync.
     const stamp = ++this.stamp;
     const orphans = new Map<string, SliceSet>();
-    for (const slice of input.slices) {
+    const slices = input.slices;
+    for (let i = 0; i < slices.length; i++) {
+      const slice = slices[i]!;
       if (!slice || typeof slice !== 'object') continue;
       let owner = this.sliceOwners.get(slice);
       if (owner === undefined) owner = sliceServiceId(slice) ?? null;
@@ -229,7 +232,9 @@ class IncrementalModel {
       live.finals = [];
     };
     let seen = 0;
-    for (const svc of input.services) {
+    const services = input.services;
+    for (let i = 0; i < services.length; i++) {
+      const svc = services[i]!;
       if (!svc || typeof svc !== 'object') continue;
       let live = this.byObject.get(svc);
       if (!live || !live.current || live.svc !== svc) {
@@ -255,7 +260,7 @@ class IncrementalModel {
       const slices = live.nextStamp === stamp ? live.next : undefined;
       if (!live.result || !sameSlices(live.slices, slices)) {
         drop(live);
-        live.result = serviceResult(svc, live.owner, slices === undefined ? [] : Array.isArray(slices) ? slices : [slices], this.ctx!);
+        live.result = serviceResult(svc, live.owner, slices === undefined ? NO_SLICES : Array.isArray(slices) ? slices : [slices], this.ctx!);
         live.slices = slices;
         changed.push(live);
       }
@@ -276,31 +281,38 @@ class IncrementalModel {
 
   /** Everything across Services, from the live results: buildModel's second step. */
   private rebuild(): Model {
+    // forEach and indexed loops rather than for...of: no iterator step
+    // objects on a cold sync (see model.ts).
     const claims = new Map<number, Claim[]>();
-    this.withProblems = new Set();
-    for (const live of this.live.values()) {
+    const withProblems = new Set<ServiceResult>();
+    this.live.forEach((live) => {
       const r = live.result!;
-      if (r.problems.length > 0) this.withProblems.add(r);
-      for (const c of r.claims) {
+      if (r.problems.length > 0) withProblems.add(r);
+      for (let i = 0; i < r.claims.length; i++) {
+        const c = r.claims[i]!;
         const list = claims.get(c.key);
         if (list) list.push(c);
         else claims.set(c.key, [c]);
       }
-    }
+    });
+    this.withProblems = withProblems;
     const conflicts = new Map<number, Problem[]>();
-    for (const [key, list] of claims) {
-      if (list.length < 2) continue;
+    claims.forEach((list, key) => {
+      if (list.length < 2) return;
       rankClaims(list);
       const lost = conflictProblems(list);
       if (lost.length > 0) conflicts.set(key, lost);
-    }
+    });
     this.claims = claims;
     this.conflicts = conflicts;
     const sorted: Record<Family, ServicePortPlan[]> = { ipv4: [], ipv6: [] };
-    for (const live of this.live.values()) {
-      live.finals = this.finalsOf(live.result!, live.finals);
-      for (const f of live.finals) if (f.frontends.length > 0) sorted[planFamily(f)].push(f);
-    }
+    this.live.forEach((live) => {
+      const finals = (live.finals = this.finalsOf(live.result!, live.finals));
+      for (let i = 0; i < finals.length; i++) {
+        const f = finals[i]!;
+        if (f.frontends.length > 0) sorted[planFamily(f)].push(f);
+      }
+    });
     for (const family of FAMILY_LIST) {
       const list = sorted[family].sort(comparePlans);
       // buildModel keeps the first of two plans with one key, by its order of Services.
@@ -586,16 +598,20 @@ class IncrementalRenderer {
         for (const f of plan.frontends) this.edit(edits[tree], tree, f.address, plan.protocol).drop.add(f.port);
       }
     }
-    for (const plan of added) {
+    // Indexed loops: on a cold sync this runs for every plan (see model.ts).
+    for (let p = 0; p < added.length; p++) {
+      const plan = added[p]!;
       const r = planRules(plan, this.family, markBit);
-      for (const c of r.own) {
+      for (let k = 0; k < r.own.length; k++) {
+        const c = r.own[k]!;
         if (this.own[c.table].has(c.name)) throw new Unexpected(`chain ${c.name} twice`);
         // The same rules under the same name (the plan changed elsewhere)
         // keep the array the applier last wrote.
         const old = retired[c.table].get(c.name);
         this.own[c.table].set(c.name, old && sameStrings(old, c.rules) ? old : c.rules);
       }
-      for (const tree of TREES) {
+      for (let t = 0; t < TREES.length; t++) {
+        const tree = TREES[t]!;
         const rules = r.trees[tree];
         if (!rules) continue;
         const entries = planEntries(plan, tree, rules);
@@ -608,7 +624,7 @@ class IncrementalRenderer {
       if (edits[tree].size === 0 && !first) continue;
       const groups = this.groups[tree];
       for (const [g, edit] of edits[tree]) {
-        const { entries, changedPorts } = mergeEntries(g.entries, edit);
+        const { entries, changedPorts } = mergeEntries(g.entries, edit, g.tree !== undefined);
         g.entries = entries;
         if (entries.length === 0) {
           groups.delete(`${g.address}|${g.protocol}`);
@@ -654,11 +670,15 @@ class IncrementalRenderer {
   }
 }
 
-/** A group's entries without the dropped ports, with the added entries: a new array, sorted by port, and the ports that changed. */
-function mergeEntries(list: readonly PortEntry[], edit: GroupEdit): { entries: PortEntry[]; changedPorts: number[] } {
+/**
+ * A group's entries without the dropped ports, with the added entries: a new
+ * array, sorted by port, and (when `track`, for a tree to reuse) the ports
+ * that changed.
+ */
+function mergeEntries(list: readonly PortEntry[], edit: GroupEdit, track: boolean): { entries: PortEntry[]; changedPorts: number[] } {
   const add = edit.add.sort((a, b) => a.port - b.port);
   const entries: PortEntry[] = [];
-  const changed: number[] = [...edit.drop];
+  const changed: number[] = track ? [...edit.drop] : [];
   let dropped = 0;
   let i = 0;
   let j = 0;
@@ -677,10 +697,10 @@ function mergeEntries(list: readonly PortEntry[], edit: GroupEdit): { entries: P
       i++;
     } else {
       entries.push(b!);
-      changed.push(b!.port);
+      if (track) changed.push(b!.port);
       j++;
     }
   }
   if (dropped !== edit.drop.size) throw new Unexpected('a dropped port was not there');
-  return { entries, changedPorts: [...new Set(changed)].sort((x, y) => x - y) };
+  return { entries, changedPorts: track ? [...new Set(changed)].sort((x, y) => x - y) : changed };
 }

@@ -89,11 +89,16 @@ export const INLINE_RULES = 4;
 /** A port gets a chain of its own (PIER-SVC-, PIER-SRC-) only when its rules are more than this. */
 export const PORT_CHAIN_RULES = 8;
 
-const PROTO: Record<Protocol, { name: string; number: number }> = {
-  TCP: { name: 'tcp', number: 6 },
-  UDP: { name: 'udp', number: 17 },
-  SCTP: { name: 'sctp', number: 132 },
+const PROTO: Record<Protocol, { name: string; number: number; dstHead: string; dstPort: string }> = {
+  TCP: protoText('tcp', 6),
+  UDP: protoText('udp', 17),
+  SCTP: protoText('sctp', 132),
 };
+
+/** A protocol's name and number, and the fixed text around a port rule's comment in a dst tree. */
+function protoText(name: string, number: number): { name: string; number: number; dstHead: string; dstPort: string } {
+  return { name, number, dstHead: `-p ${name} -m comment --comment `, dstPort: ` -m ${name} --dport ` };
+}
 
 // ---------------------------------------------------------------------------
 // Rule text
@@ -302,16 +307,16 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
 
   // nat: mark what must be masqueraded, then DNAT, spread when several.
   const markTarget = markTargets[markBit] ?? (markTargets[markBit] = `MARK --set-xmark ${hex(markBit)}/${hex(markBit)}`);
-  let nat: PortRule[] = [];
-  if (plan.masquerade) nat.push(portRule(comment, markTarget));
   // Local keeps the client's address, except when a pod reaches itself
   // through the load balancer: without masquerade its reply would not come
   // back through this node's conntrack.
-  else for (const e of endpoints) nat.push(portRule(comment, markTarget, text.host(e.address)));
-  const marks = nat.length;
+  const marks = plan.masquerade ? 1 : endpoints.length;
+  let nat = new Array<PortRule>(marks + endpoints.length);
+  if (plan.masquerade) nat[0] = portRule(comment, markTarget);
+  else for (let i = 0; i < endpoints.length; i++) nat[i] = portRule(comment, markTarget, text.host(endpoints[i]!.address));
   for (let i = 0; i < endpoints.length; i++) {
     const spread = i < endpoints.length - 1 ? statistic(endpoints.length - i) : '';
-    nat.push(portRule(comment, text.dnat(endpoints[i]!), '', '', spread));
+    nat[marks + i] = portRule(comment, text.dnat(endpoints[i]!), '', '', spread);
   }
   // A port whose rules are few sits in the dispatch tree; one chain per port
   // would make every full restore pay for a user chain.
@@ -349,16 +354,39 @@ export function planEntries(plan: ServicePortPlan, tree: TreeName, rules: readon
  */
 function portTexts(tree: TreeName, protocol: Protocol, rules: readonly PortRule[], port: number, root: string | undefined): string[] {
   const p = PROTO[protocol];
+  const dst = TREE[tree].kind === 'dst';
   const out = new Array<string>(rules.length);
+  const parts = joinParts;
   for (let i = 0; i < rules.length; i++) {
     const r = rules[i]!;
-    out[i] =
-      TREE[tree].kind === 'dst'
-        ? [r.s ? `-s ${r.s} ` : '', root ? `-d ${root} ` : '', '-p ', p.name, ' -m comment --comment ', r.comment, ' -m ', p.name, ' --dport ', port, r.statistic, ' -j ', r.target].join('')
-        : ['-m comment --comment ', r.comment, ' -m conntrack', root ? ` --ctproto ${p.number}` : '', r.origsrc ? ` --ctorigsrc ${r.origsrc}` : '', root ? ` --ctorigdst ${root}` : '', ' --ctorigdstport ', port, ' -j ', r.target].join('');
+    if (dst) {
+      parts[0] = r.s ? `-s ${r.s} ` : '';
+      parts[1] = root ? `-d ${root} ` : '';
+      parts[2] = p.dstHead;
+      parts[3] = r.comment;
+      parts[4] = p.dstPort;
+      parts[5] = port;
+      parts[6] = r.statistic;
+      parts[7] = ' -j ';
+      parts[8] = r.target;
+    } else {
+      parts[0] = '-m comment --comment ';
+      parts[1] = r.comment;
+      parts[2] = root ? ` -m conntrack --ctproto ${p.number}` : ' -m conntrack';
+      parts[3] = r.origsrc ? ` --ctorigsrc ${r.origsrc}` : '';
+      parts[4] = root ? ` --ctorigdst ${root}` : '';
+      parts[5] = ' --ctorigdstport ';
+      parts[6] = port;
+      parts[7] = ' -j ';
+      parts[8] = r.target;
+    }
+    out[i] = parts.join('');
   }
   return out;
 }
+
+/** portTexts' pieces of one rule: one array for every rule, so that joining them allocates only the result. */
+const joinParts: (string | number)[] = new Array<string | number>(9).fill('');
 
 function sortedEndpoints(endpoints: readonly Endpoint[]): readonly Endpoint[] {
   const compare = (a: Endpoint, b: Endpoint) => compareAddresses(a.address, b.address) || a.port - b.port;
