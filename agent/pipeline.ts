@@ -530,9 +530,9 @@ class IncrementalRenderer {
   private readonly config: RenderConfig;
   private model: FamilyModel | undefined;
   private ruleset: Ruleset | undefined;
-  private groups: Record<TreeName, Map<string, Group>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map() };
+  private groups: Record<TreeName, Map<string, Group>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
   /** Each tree's root chain as last assembled. */
-  private roots: Record<TreeName, string[]> = { nat: [], forward: [], noEndpoints: [] };
+  private roots: Record<TreeName, string[]> = { nat: [], forward: [], noEndpoints: [], sources: [] };
   private own: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
 
   constructor(family: Family, config: RenderConfig) {
@@ -543,8 +543,8 @@ class IncrementalRenderer {
   reset(): void {
     this.model = undefined;
     this.ruleset = undefined;
-    this.groups = { nat: new Map(), forward: new Map(), noEndpoints: new Map() };
-    this.roots = { nat: [], forward: [], noEndpoints: [] };
+    this.groups = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
+    this.roots = { nat: [], forward: [], noEndpoints: [], sources: [] };
     this.own = { nat: new Map(), filter: new Map() };
   }
 
@@ -582,7 +582,7 @@ class IncrementalRenderer {
       }
     }
 
-    const edits: Record<TreeName, Map<Group, GroupEdit>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map() };
+    const edits: Record<TreeName, Map<Group, GroupEdit>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
     this.lastEdit = {};
     const retired: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
     for (const plan of removed) {
@@ -632,7 +632,7 @@ class IncrementalRenderer {
         }
         g.tree = buildGroupTree(tree, this.family, markBit, g.address, g.protocol, entries, g.tree && { tree: g.tree, changedPorts });
       }
-      const root: string[] = tree === 'forward' ? [fixed.forwardHead] : [];
+      const root: string[] = tree === 'forward' ? [fixed.forwardHead] : tree === 'sources' ? [fixed.sourcesHead] : [];
       for (const g of [...groups.values()].sort(compareGroups)) for (const rule of g.tree!.root) root.push(rule);
       if (first || !sameStrings(this.roots[tree], root)) this.roots[tree] = root;
     }
@@ -649,6 +649,7 @@ class IncrementalRenderer {
       services: this.roots.nat,
       forward: this.roots.forward,
       noEndpoints: this.roots.noEndpoints,
+      sources: this.roots.sources,
       chains,
     }));
   }

@@ -16,6 +16,12 @@
 //            when the list is short, else in PIER-SRC-<h>)
 //          INPUT, OUTPUT (new connections) -> PIER-NOENDPOINTS: REJECT frontends
 //            whose port has no usable endpoint (the same tree again)
+//          INPUT, OUTPUT (new connections) -> PIER-SOURCES: the source ranges
+//            again, for the DNATed connections FORWARD never sees: those a
+//            client on the node opens, and those DNATed to an endpoint on the
+//            host network. Drop only: allowed sources RETURN (inline, or in
+//            PIER-LSRC-<h>) and the host's own INPUT and OUTPUT rules still
+//            apply to them. Only ports with source ranges are in this tree.
 //
 // Why a tree: a new connection walks a chain rule by rule, and a flat list of
 // 10,000 ports costs ~165 us per connection; one chain per port instead makes
@@ -73,6 +79,7 @@ export const SERVICES_CHAIN = 'PIER-SERVICES';
 export const POSTROUTING_CHAIN = 'PIER-POSTROUTING';
 export const FORWARD_CHAIN = 'PIER-FORWARD';
 export const NOENDPOINTS_CHAIN = 'PIER-NOENDPOINTS';
+export const SOURCES_CHAIN = 'PIER-SOURCES';
 export const CANARY_CHAIN = 'PIER-CANARY';
 /**
  * The canary holds a rule, not just a chain: `iptables -F` empties chains
@@ -245,9 +252,9 @@ const markTargets: Record<number, string> = {};
 // ---------------------------------------------------------------------------
 // One port's rules
 
-/** The three dispatch trees: nat, filter FORWARD (by conntrack) and filter no-endpoints. */
-export type TreeName = 'nat' | 'forward' | 'noEndpoints';
-export const TREES: readonly TreeName[] = ['nat', 'forward', 'noEndpoints'];
+/** The dispatch trees: nat, filter FORWARD and sources (by conntrack), and filter no-endpoints. */
+export type TreeName = 'nat' | 'forward' | 'noEndpoints' | 'sources';
+export const TREES: readonly TreeName[] = ['nat', 'forward', 'noEndpoints', 'sources'];
 
 /** How a tree matches a packet: by its destination now (nat, INPUT) or by the connection's original one (after DNAT). */
 type TreeKind = 'dst' | 'ct';
@@ -256,6 +263,7 @@ const TREE: Record<TreeName, { kind: TreeKind; prefix: string; table: TableName 
   nat: { kind: 'dst', prefix: 'PIER-SVCS-', table: 'nat' },
   forward: { kind: 'ct', prefix: 'PIER-FWD-', table: 'filter' },
   noEndpoints: { kind: 'dst', prefix: 'PIER-NOEP-', table: 'filter' },
+  sources: { kind: 'ct', prefix: 'PIER-SRCS-', table: 'filter' },
 };
 
 /**
@@ -333,12 +341,26 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
     accept = [...plan.sourceRanges.map((cidr) => portRule(comment, 'ACCEPT', '', text.ctNet(cidr))), portRule(comment, 'DROP')];
     if (accept.length > PORT_CHAIN_RULES) {
       const name = chainName('PIER-SRC-', `src|${plan.key}`);
-      const rules = accept.map((r) => `-m comment --comment ${comment}${r.origsrc ? ` -m conntrack --ctorigsrc ${r.origsrc}` : ''} -j ${r.target}`);
-      own.push({ table: 'filter', name, rules });
+      own.push({ table: 'filter', name, rules: sourceRules(comment, accept) });
       accept = [portRule(comment, name)];
     }
   }
-  return { trees: { nat, forward: accept }, own };
+  if (!plan.restrictSources) return { trees: { nat, forward: accept }, own };
+
+  // sources: the same ranges for connections FORWARD does not see; an
+  // allowed one goes on to the host's own rules.
+  let sources = [...plan.sourceRanges.map((cidr) => portRule(comment, 'RETURN', '', text.ctNet(cidr))), portRule(comment, 'DROP')];
+  if (sources.length > PORT_CHAIN_RULES) {
+    const name = chainName('PIER-LSRC-', `lsrc|${plan.key}`);
+    own.push({ table: 'filter', name, rules: sourceRules(comment, sources) });
+    sources = [portRule(comment, name)];
+  }
+  return { trees: { nat, forward: accept, sources }, own };
+}
+
+/** A source check's rules in a port's own chain: no port to match, the tree did. */
+function sourceRules(comment: string, rules: readonly PortRule[]): string[] {
+  return rules.map((r) => `-m comment --comment ${comment}${r.origsrc ? ` -m conntrack --ctorigsrc ${r.origsrc}` : ''} -j ${r.target}`);
 }
 
 /** A plan's entries in one tree, one per frontend, with their text for a range chain. */
@@ -569,6 +591,7 @@ export function compareGroups(a: { address: string; protocol: Protocol }, b: { a
 export interface FixedRules {
   postrouting: string[];
   forwardHead: string;
+  sourcesHead: string;
   canary: string[];
   nat: Jump[];
   filter: Jump[];
@@ -591,6 +614,7 @@ export function fixedRules(markBit: number): FixedRules {
     ],
     // Most forwarded packets are not DNATed at all: one rule sends them back.
     forwardHead: formatRule({ comment: tag('forward'), ct: { notState: 'DNAT' }, target: 'RETURN' }),
+    sourcesHead: formatRule({ comment: tag('sources'), ct: { notState: 'DNAT' }, target: 'RETURN' }),
     canary: [CANARY_RULE],
     nat: [
       { chain: 'PREROUTING', rule: formatRule({ comment: tag('services'), target: SERVICES_CHAIN }) },
@@ -598,8 +622,10 @@ export function fixedRules(markBit: number): FixedRules {
       { chain: 'POSTROUTING', rule: formatRule({ comment: tag('postrouting'), target: POSTROUTING_CHAIN }) },
     ],
     filter: [
+      { chain: 'INPUT', rule: formatRule({ comment: tag('sources'), ct: { state: 'NEW' }, target: SOURCES_CHAIN }) },
       { chain: 'INPUT', rule: formatRule({ comment: tag('noendpoints'), ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
       { chain: 'FORWARD', rule: formatRule({ comment: tag('forward'), target: FORWARD_CHAIN }) },
+      { chain: 'OUTPUT', rule: formatRule({ comment: tag('sources'), ct: { state: 'NEW' }, target: SOURCES_CHAIN }) },
       { chain: 'OUTPUT', rule: formatRule({ comment: tag('noendpoints'), ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
     ],
   };
@@ -617,6 +643,8 @@ export interface RulesetParts {
   forward: string[];
   /** PIER-NOENDPOINTS: the no-endpoints tree's root. */
   noEndpoints: string[];
+  /** PIER-SOURCES: fixed.sourcesHead, then the sources tree's root. */
+  sources: string[];
   /** Every tree chain and every plan's own chain, by table. */
   chains: Record<TableName, Iterable<[string, string[]]>>;
 }
@@ -626,7 +654,7 @@ export function assembleRuleset(parts: RulesetParts): Ruleset {
   const nat: [string, string[]][] = [...parts.chains.nat];
   nat.push([SERVICES_CHAIN, parts.services], [POSTROUTING_CHAIN, fixed.postrouting], [CANARY_CHAIN, fixed.canary]);
   const filter: [string, string[]][] = [...parts.chains.filter];
-  filter.push([FORWARD_CHAIN, parts.forward], [NOENDPOINTS_CHAIN, parts.noEndpoints], [CANARY_CHAIN, fixed.canary]);
+  filter.push([FORWARD_CHAIN, parts.forward], [NOENDPOINTS_CHAIN, parts.noEndpoints], [SOURCES_CHAIN, parts.sources], [CANARY_CHAIN, fixed.canary]);
   const sorted = (list: [string, string[]][]) => new Map(list.sort(([a], [b]) => compareText(a, b)));
   return {
     family: parts.family,
@@ -645,7 +673,7 @@ export function treeTable(tree: TreeName): TableName {
 export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset {
   const fixed = fixedRules(config.markBit);
   const family = model.family;
-  const groups: Record<TreeName, Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map() };
+  const groups: Record<TreeName, Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
   const chains: Record<TableName, [string, string[]][]> = { nat: [], filter: [] };
   const plans = [...model.ports].sort((a, b) => compareText(a.key, b.key));
   for (const plan of plans) {
@@ -664,7 +692,7 @@ export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset
       }
     }
   }
-  const roots: Record<TreeName, string[]> = { nat: [], forward: [fixed.forwardHead], noEndpoints: [] };
+  const roots: Record<TreeName, string[]> = { nat: [], forward: [fixed.forwardHead], noEndpoints: [], sources: [fixed.sourcesHead] };
   for (const tree of TREES) {
     for (const g of [...groups[tree].values()].sort(compareGroups)) {
       // Stable: two plans on one port (only hand-made models have them) keep their key order.
@@ -674,5 +702,5 @@ export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset
       for (const [name, c] of t.chains) chains[TREE[tree].table].push([name, c.rules]);
     }
   }
-  return assembleRuleset({ family, fixed, services: roots.nat, forward: roots.forward, noEndpoints: roots.noEndpoints, chains });
+  return assembleRuleset({ family, fixed, services: roots.nat, forward: roots.forward, noEndpoints: roots.noEndpoints, sources: roots.sources, chains });
 }

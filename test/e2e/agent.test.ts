@@ -204,6 +204,34 @@ describe('pier agent in the lab', () => {
     }
   });
 
+  it('source ranges also hold where FORWARD is not crossed: a client on the node, an endpoint on the host network', async () => {
+    const n1 = lab.nodes[0]!;
+    const ranges = [`${client(0).v4}/32`, `${client(0).v6}/128`];
+    // The node's own connections are DNATed in nat OUTPUT and leave without crossing FORWARD.
+    await createService('ranged-local', [{ name: 'http', port: 88 }], lab.pods, { loadBalancerSourceRanges: ranges });
+    for (const family of ['v4', 'v6'] as const) {
+      await probeUntilOk(client(0), n1[family], 88);
+      const [own] = await lab.probe(n1, n1[family], 88, { timeoutMs: 1500 });
+      expect(own!.ok, `${family} from the node, outside the range`).toBe(false);
+    }
+    // Listed, the node is served: what dropped it was the range.
+    const listed = [...ranges, `${n1.v4}/32`, `${n1.v6}/128`];
+    await core.patchNamespacedService({ name: 'ranged-local', namespace: NS, body: { spec: { loadBalancerSourceRanges: listed } } }, mergePatch);
+    for (const family of ['v4', 'v6'] as const) await probeUntilOk(n1, n1[family], 88);
+
+    // An endpoint on the host network: DNATed to the node's own address, the
+    // connection is delivered through INPUT.
+    await lab.hostEcho(n1);
+    const host = { name: `${n1.name}-host`, v4: n1.v4, v6: n1.v6, node: n1.name };
+    await createService('ranged-host', [{ name: 'http', port: 89 }], [host], { loadBalancerSourceRanges: ranges }, [n1]);
+    for (const family of ['v4', 'v6'] as const) {
+      const inside = await probeUntilOk(client(0), n1[family], 89);
+      expect(inside.reply!.pod).toBe(host.name);
+      const [outside] = await lab.probe(client(1), n1[family], 89, { timeoutMs: 1500 });
+      expect(outside!.ok, `${family} to the host network, outside the range`).toBe(false);
+    }
+  });
+
   it('no endpoints: the connection is refused in under a second', async () => {
     await createService('empty', [{ name: 'http', port: 84 }], []);
     const ip = lab.nodes[0]!.v4;

@@ -201,7 +201,15 @@ export class Lab {
     await ip(ns, 'link', 'set', 'lo', 'up');
   }
 
-  private async startEcho(pod: LabPod): Promise<void> {
+  /**
+   * An echo server on a node's own network, as a hostNetwork pod runs:
+   * it answers as `<node>-host` on ECHO_PORT at the node's addresses.
+   */
+  async hostEcho(node: LabNode): Promise<void> {
+    await this.startEcho({ ns: node.ns, name: `${node.name}-host` });
+  }
+
+  private async startEcho(pod: { ns: string; name: string }): Promise<void> {
     const proc = this.spawn(pod.ns, process.execPath, [join(HERE, 'echo-server.ts'), '--name', pod.name, '--port', String(ECHO_PORT)]);
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`echo server in ${pod.name} not ready in 10 s`)), 10_000);

@@ -80,15 +80,24 @@ function checkBehaviour(m: FamilyModel, r: Ruleset): void {
         }
       }
       const fwd = walk(filter, 'PIER-FORWARD', dnatedConnection(p, f, client));
-      if (!p.restrictSources) expect(fwd.verdict, what).toBe('ACCEPT');
-      else {
+      // What FORWARD never sees (a client on the node, an endpoint on the
+      // host network) meets the same ranges in PIER-SOURCES, which only drops.
+      const local = walk(filter, 'PIER-SOURCES', dnatedConnection(p, f, client));
+      if (!p.restrictSources) {
+        expect(fwd.verdict, what).toBe('ACCEPT');
+        expect(local.verdict, `${what}: no ranges, nothing to check`).toBe('CONTINUE');
+      } else {
         expect(inAny(client, p.sourceRanges)).toBe(false);
         expect(fwd.verdict, `${what} from a stranger`).toBe('DROP');
+        expect(local.verdict, `${what} from a stranger on the node`).toBe('DROP');
         for (const cidr of p.sourceRanges) {
           const inside = cidr.split('/')[0]!;
           expect(walk(filter, 'PIER-FORWARD', dnatedConnection(p, f, inside)).verdict, `${what} from ${inside}`).toBe('ACCEPT');
+          expect(walk(filter, 'PIER-SOURCES', dnatedConnection(p, f, inside)).verdict, `${what} from ${inside} on the node`).toBe('CONTINUE');
         }
       }
+      // A connection nobody DNATed leaves PIER-SOURCES at its first rule.
+      expect(walk(filter, 'PIER-SOURCES', undnatedConnection(lower(p), f.address, f.port, client)).rules, what).toBe(1);
     }
   }
 }
@@ -208,6 +217,11 @@ describe('renderRuleset examples', () => {
       ...ranges.map((c) => `-m comment --comment "shop/db:pg" -m conntrack --ctorigsrc ${c} -j ACCEPT`),
       '-m comment --comment "shop/db:pg" -j DROP',
     ]);
+    const local = chainName('PIER-LSRC-', 'lsrc|ipv4/shop/db/pg/TCP');
+    expect(r.tables.filter.chains.get(local)).toEqual([
+      ...ranges.map((c) => `-m comment --comment "shop/db:pg" -m conntrack --ctorigsrc ${c} -j RETURN`),
+      '-m comment --comment "shop/db:pg" -j DROP',
+    ]);
     checkBehaviour({ family: 'ipv4', ports: [p] }, r);
   });
 
@@ -260,6 +274,7 @@ describe('renderRuleset properties', () => {
               const pkt = undnatedConnection(proto, ip, s.external[j]!, client);
               expect(walk(r.tables.filter.chains, 'PIER-NOENDPOINTS', pkt).verdict).toBe('CONTINUE');
               expect(walk(r.tables.filter.chains, 'PIER-FORWARD', { ...pkt, ct: { ...pkt.ct!, dnat: true } }).verdict).toBe('CONTINUE');
+              expect(walk(r.tables.filter.chains, 'PIER-SOURCES', { ...pkt, ct: { ...pkt.ct!, dnat: true } }).verdict).toBe('CONTINUE');
               checked++;
             });
           });
