@@ -301,6 +301,7 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
   let ingresses: V1LoadBalancerIngress[] = NONE;
   let ips: AddressInfo[] = NONE;
   const allIngress = svc.status?.loadBalancer?.ingress ?? NONE;
+  if (!Array.isArray(allIngress)) throw new TypeError('status.loadBalancer.ingress is not a list');
   for (let i = 0; i < allIngress.length; i++) {
     const ing = allIngress[i]!;
     const ip = addressInfo(ing?.ip);
@@ -475,6 +476,7 @@ function portEndpoints(
     if (slice.addressType !== 'IPv4' && slice.addressType !== 'IPv6') continue;
     let sp: DiscoveryV1EndpointPort | undefined;
     const ports = slice.ports ?? NONE;
+    if (!Array.isArray(ports)) throw new TypeError(`EndpointSlice ${slice.metadata?.name ?? ''}: ports is not a list`);
     for (let i = 0; i < ports.length; i++) {
       const p = ports[i];
       if ((p?.name ?? '') === portName && (p?.protocol ?? 'TCP') === protocol) {
@@ -489,6 +491,7 @@ function portEndpoints(
       continue;
     }
     const eps = slice.endpoints ?? NONE;
+    if (!Array.isArray(eps)) throw new TypeError(`EndpointSlice ${slice.metadata?.name ?? ''}: endpoints is not a list`);
     for (let i = 0; i < eps.length; i++) {
       const ep = eps[i];
       const rawAddress = ep?.addresses?.[0];

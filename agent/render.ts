@@ -93,7 +93,7 @@ export const LEAF_RULES = 32;
 export const TIER_FACTOR = 8;
 /** A port range this small sits in its parent chain instead of a chain of its own. */
 export const INLINE_RULES = 4;
-/** A port gets a chain of its own (PIER-SVC-, PIER-SRC-) only when its rules are more than this. */
+/** A port gets a chain of its own (PIER-SVC-, PIER-SRC-, PIER-LSRC-) only when its rules are more than this. */
 export const PORT_CHAIN_RULES = 8;
 
 const PROTO: Record<Protocol, { name: string; number: number; dstHead: string; dstPort: string }> = {
