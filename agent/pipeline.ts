@@ -632,7 +632,7 @@ class IncrementalRenderer {
         }
         g.tree = buildGroupTree(tree, this.family, markBit, g.address, g.protocol, entries, g.tree && { tree: g.tree, changedPorts });
       }
-      const root: string[] = tree === 'forward' ? [fixed.forwardHead] : tree === 'sources' ? [fixed.sourcesHead] : [];
+      const root: string[] = [...fixed.heads[tree]];
       for (const g of [...groups.values()].sort(compareGroups)) for (const rule of g.tree!.root) root.push(rule);
       if (first || !sameStrings(this.roots[tree], root)) this.roots[tree] = root;
     }

@@ -96,14 +96,21 @@ export const INLINE_RULES = 4;
 /** A port gets a chain of its own (PIER-SVC-, PIER-SRC-, PIER-LSRC-) only when its rules are more than this. */
 export const PORT_CHAIN_RULES = 8;
 
-const PROTO: Record<Protocol, { name: string; number: number; dstHead: string; dstPort: string }> = {
+interface ProtoText {
+  name: string;
+  number: number;
+  /** What a dst tree's port rule says before the comment and between the comment and the port. */
+  dstHead: string;
+  dstPort: string;
+}
+
+const PROTO: Record<Protocol, ProtoText> = {
   TCP: protoText('tcp', 6),
   UDP: protoText('udp', 17),
   SCTP: protoText('sctp', 132),
 };
 
-/** A protocol's name and number, and the fixed text around a port rule's comment in a dst tree. */
-function protoText(name: string, number: number): { name: string; number: number; dstHead: string; dstPort: string } {
+function protoText(name: string, number: number): ProtoText {
   return { name, number, dstHead: `-p ${name} -m comment --comment `, dstPort: ` -m ${name} --dport ` };
 }
 
@@ -590,8 +597,11 @@ export function compareGroups(a: { address: string; protocol: Protocol }, b: { a
 /** The parts of a ruleset that do not depend on the model. */
 export interface FixedRules {
   postrouting: string[];
-  forwardHead: string;
-  sourcesHead: string;
+  /**
+   * The rules each tree's root chain starts with: most packets that reach
+   * PIER-FORWARD or PIER-SOURCES were not DNATed, and one rule sends them back.
+   */
+  heads: Record<TreeName, readonly string[]>;
   canary: string[];
   nat: Jump[];
   filter: Jump[];
@@ -612,9 +622,12 @@ export function fixedRules(markBit: number): FixedRules {
       formatRule({ comment: tag('postrouting'), target: `MARK --set-xmark ${hex(markBit)}/0x0` }),
       formatRule({ comment: tag('postrouting'), target: 'MASQUERADE' }),
     ],
-    // Most forwarded packets are not DNATed at all: one rule sends them back.
-    forwardHead: formatRule({ comment: tag('forward'), ct: { notState: 'DNAT' }, target: 'RETURN' }),
-    sourcesHead: formatRule({ comment: tag('sources'), ct: { notState: 'DNAT' }, target: 'RETURN' }),
+    heads: {
+      nat: [],
+      forward: [formatRule({ comment: tag('forward'), ct: { notState: 'DNAT' }, target: 'RETURN' })],
+      noEndpoints: [],
+      sources: [formatRule({ comment: tag('sources'), ct: { notState: 'DNAT' }, target: 'RETURN' })],
+    },
     canary: [CANARY_RULE],
     nat: [
       { chain: 'PREROUTING', rule: formatRule({ comment: tag('services'), target: SERVICES_CHAIN }) },
@@ -639,11 +652,11 @@ export interface RulesetParts {
   fixed: FixedRules;
   /** PIER-SERVICES: the nat tree's root. */
   services: string[];
-  /** PIER-FORWARD: fixed.forwardHead, then the forward tree's root. */
+  /** PIER-FORWARD: its head (FixedRules.heads), then the forward tree's root. */
   forward: string[];
   /** PIER-NOENDPOINTS: the no-endpoints tree's root. */
   noEndpoints: string[];
-  /** PIER-SOURCES: fixed.sourcesHead, then the sources tree's root. */
+  /** PIER-SOURCES: its head, then the sources tree's root. */
   sources: string[];
   /** Every tree chain and every plan's own chain, by table. */
   chains: Record<TableName, Iterable<[string, string[]]>>;
@@ -692,7 +705,7 @@ export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset
       }
     }
   }
-  const roots: Record<TreeName, string[]> = { nat: [], forward: [fixed.forwardHead], noEndpoints: [], sources: [fixed.sourcesHead] };
+  const roots: Record<TreeName, string[]> = { nat: [...fixed.heads.nat], forward: [...fixed.heads.forward], noEndpoints: [...fixed.heads.noEndpoints], sources: [...fixed.heads.sources] };
   for (const tree of TREES) {
     for (const g of [...groups[tree].values()].sort(compareGroups)) {
       // Stable: two plans on one port (only hand-made models have them) keep their key order.

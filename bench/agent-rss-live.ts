@@ -37,6 +37,7 @@ import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions, type V1Endp
 import { LOAD_BALANCER_CLASS, READY_CONDITION } from '../lib/contract.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { ensureNamespace, registerNode, startControlPlane } from '../test/cluster/controlplane.ts';
+import { inParallel } from '../test/support/fleet.ts';
 import { node as nodeObject, lbService } from '../test/support/objects.ts';
 import { bundleInto } from '../scripts/bundle.ts';
 import { nodeFlags, parseDockerfile } from '../test/support/dockerfile.ts';
@@ -57,15 +58,6 @@ const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
 
 const mb = (kb: number) => `${(kb / 1024).toFixed(0)} MB`;
 const row = (label: string, value: string) => process.stdout.write(`${label.padEnd(58)} ${value}\n`);
-
-/** Runs `work(i)` for i in [0, count) with at most `limit` in flight. */
-async function bounded(count: number, limit: number, work: (i: number) => Promise<void>): Promise<void> {
-  let next = 0;
-  const worker = async () => {
-    while (next < count) await work(next++);
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, count) }, worker));
-}
 
 /** Transient API errors (a 429 or 5xx while etcd compacts) are retried; anything else fails the bench. */
 async function retrying<T>(what: string, call: () => Promise<T>): Promise<T> {
@@ -243,7 +235,7 @@ try {
     for (const nodeFlags of variants) floors.set(nodeFlags, await runAgent(cli, kubeconfig, nodeFlags, 0));
 
     const t0 = performance.now();
-    await bounded(n, concurrency, async (i) => {
+    await inParallel(Array.from({ length: n }, (_, i) => i), concurrency, async (i) => {
       const name = `svc-${i}`;
       const port = 20000 + i;
       // No NodePorts: 10,000 Services would exhaust the default NodePort range.
