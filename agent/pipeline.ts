@@ -56,6 +56,7 @@ import {
   compareGroups,
   fixedRules,
   planEntries,
+  perTree,
   planRules,
   renderRuleset,
   sameStrings,
@@ -530,9 +531,9 @@ class IncrementalRenderer {
   private readonly config: RenderConfig;
   private model: FamilyModel | undefined;
   private ruleset: Ruleset | undefined;
-  private groups: Record<TreeName, Map<string, Group>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
+  private groups = perTree(() => new Map<string, Group>());
   /** Each tree's root chain as last assembled. */
-  private roots: Record<TreeName, string[]> = { nat: [], forward: [], noEndpoints: [], sources: [] };
+  private roots = perTree((): string[] => []);
   private own: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
 
   constructor(family: Family, config: RenderConfig) {
@@ -543,8 +544,8 @@ class IncrementalRenderer {
   reset(): void {
     this.model = undefined;
     this.ruleset = undefined;
-    this.groups = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
-    this.roots = { nat: [], forward: [], noEndpoints: [], sources: [] };
+    this.groups = perTree(() => new Map<string, Group>());
+    this.roots = perTree((): string[] => []);
     this.own = { nat: new Map(), filter: new Map() };
   }
 
@@ -582,7 +583,7 @@ class IncrementalRenderer {
       }
     }
 
-    const edits: Record<TreeName, Map<Group, GroupEdit>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
+    const edits = perTree(() => new Map<Group, GroupEdit>());
     this.lastEdit = {};
     const retired: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
     for (const plan of removed) {

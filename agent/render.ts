@@ -263,6 +263,11 @@ const markTargets: Record<number, string> = {};
 export type TreeName = 'nat' | 'forward' | 'noEndpoints' | 'sources';
 export const TREES: readonly TreeName[] = ['nat', 'forward', 'noEndpoints', 'sources'];
 
+/** One value per tree, each made afresh. */
+export function perTree<T>(make: (tree: TreeName) => T): Record<TreeName, T> {
+  return { nat: make('nat'), forward: make('forward'), noEndpoints: make('noEndpoints'), sources: make('sources') };
+}
+
 /** How a tree matches a packet: by its destination now (nat, INPUT) or by the connection's original one (after DNAT). */
 type TreeKind = 'dst' | 'ct';
 
@@ -343,31 +348,34 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
   }
 
   // filter: accept the DNATed connection, checking its source when restricted.
-  let accept: PortRule[] = [portRule(comment, 'ACCEPT')];
-  if (plan.restrictSources) {
-    accept = [...plan.sourceRanges.map((cidr) => portRule(comment, 'ACCEPT', '', text.ctNet(cidr))), portRule(comment, 'DROP')];
-    if (accept.length > PORT_CHAIN_RULES) {
-      const name = chainName('PIER-SRC-', `src|${plan.key}`);
-      own.push({ table: 'filter', name, rules: sourceRules(comment, accept) });
-      accept = [portRule(comment, name)];
-    }
-  }
-  if (!plan.restrictSources) return { trees: { nat, forward: accept }, own };
-
+  if (!plan.restrictSources) return { trees: { nat, forward: [portRule(comment, 'ACCEPT')] }, own };
+  const forward = sourceCheck(plan, comment, text, FORWARD_CHECK, own);
   // sources: the same ranges for connections FORWARD does not see; an
   // allowed one goes on to the host's own rules.
-  let sources = [...plan.sourceRanges.map((cidr) => portRule(comment, 'RETURN', '', text.ctNet(cidr))), portRule(comment, 'DROP')];
-  if (sources.length > PORT_CHAIN_RULES) {
-    const name = chainName('PIER-LSRC-', `lsrc|${plan.key}`);
-    own.push({ table: 'filter', name, rules: sourceRules(comment, sources) });
-    sources = [portRule(comment, name)];
-  }
-  return { trees: { nat, forward: accept, sources }, own };
+  const sources = sourceCheck(plan, comment, text, SOURCES_CHECK, own);
+  return { trees: { nat, forward, sources }, own };
 }
 
-/** A source check's rules in a port's own chain: no port to match, the tree did. */
-function sourceRules(comment: string, rules: readonly PortRule[]): string[] {
-  return rules.map((r) => `-m comment --comment ${comment}${r.origsrc ? ` -m conntrack --ctorigsrc ${r.origsrc}` : ''} -j ${r.target}`);
+/** How a tree checks sources: what an allowed source gets, and the port's own chain when the list is long. */
+interface SourceCheck {
+  allow: 'ACCEPT' | 'RETURN';
+  prefix: string;
+  /** Hashed with the plan's key into the chain's name. */
+  seed: string;
+}
+/** FORWARD accepts, even under a DROP policy. */
+const FORWARD_CHECK: SourceCheck = { allow: 'ACCEPT', prefix: 'PIER-SRC-', seed: 'src' };
+/** INPUT and OUTPUT only drop: the host's own rules still see allowed connections. */
+const SOURCES_CHECK: SourceCheck = { allow: 'RETURN', prefix: 'PIER-LSRC-', seed: 'lsrc' };
+
+/** A restricted port's source check in one tree: `allow` for each listed range, DROP for the rest. */
+function sourceCheck(plan: ServicePortPlan, comment: string, text: FamilyText, check: SourceCheck, own: PlanRules['own']): PortRule[] {
+  const rules = [...plan.sourceRanges.map((cidr) => portRule(comment, check.allow, '', text.ctNet(cidr))), portRule(comment, 'DROP')];
+  if (rules.length <= PORT_CHAIN_RULES) return rules;
+  const name = chainName(check.prefix, `${check.seed}|${plan.key}`);
+  // No port to match in the port's own chain: the tree did.
+  own.push({ table: 'filter', name, rules: rules.map((r) => `-m comment --comment ${comment}${r.origsrc ? ` -m conntrack --ctorigsrc ${r.origsrc}` : ''} -j ${r.target}`) });
+  return [portRule(comment, name)];
 }
 
 /** A plan's entries in one tree, one per frontend, with their text for a range chain. */
@@ -686,7 +694,7 @@ export function treeTable(tree: TreeName): TableName {
 export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset {
   const fixed = fixedRules(config.markBit);
   const family = model.family;
-  const groups: Record<TreeName, Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>> = { nat: new Map(), forward: new Map(), noEndpoints: new Map(), sources: new Map() };
+  const groups = perTree(() => new Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>());
   const chains: Record<TableName, [string, string[]][]> = { nat: [], filter: [] };
   const plans = [...model.ports].sort((a, b) => compareText(a.key, b.key));
   for (const plan of plans) {
@@ -705,7 +713,7 @@ export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset
       }
     }
   }
-  const roots: Record<TreeName, string[]> = { nat: [...fixed.heads.nat], forward: [...fixed.heads.forward], noEndpoints: [...fixed.heads.noEndpoints], sources: [...fixed.heads.sources] };
+  const roots = perTree((tree) => [...fixed.heads[tree]]);
   for (const tree of TREES) {
     for (const g of [...groups[tree].values()].sort(compareGroups)) {
       // Stable: two plans on one port (only hand-made models have them) keep their key order.
