@@ -1,9 +1,13 @@
 // IP addresses and CIDRs as pier compares and prints them: canonical text
 // as inet_ntop prints it (what iptables-save shows, and one spelling per
 // address), numeric order within a family, IPv4 before IPv6. Shared by the
-// agent's model and the controller's allocator; parsing is cached per text
-// because the same addresses come back on every sync.
-import { isIPv4, isIPv6 } from 'node:net';
+// agent's model and the controller's allocator.
+//
+// A canonical dotted quad is read in place, with nothing kept: an agent sees
+// every endpoint of the cluster, and a cache entry per address (~130 bytes,
+// four objects) was a tenth of what its model keeps per service port. Other
+// text (IPv6, which needs a real parser) is parsed once per text and cached.
+import { isIPv6 } from 'node:net';
 import type { Family } from './contract.ts';
 
 export interface ParsedAddress {
@@ -24,13 +28,47 @@ export interface ParsedCidr {
 
 const BITS: Record<Family, number> = { ipv4: 32, ipv6: 128 };
 
-/** What the hot paths need of an address: no bigint, and an order that plain string comparison follows. */
+/** What the hot paths need of an address: no bigint. */
 export interface AddressInfo {
   family: Family;
   /** Canonical, as inet_ntop prints it. */
   text: string;
-  /** A family digit (4 before 6) and the value in fixed-width hex: string order is numeric order. */
+}
+
+/** An IPv6 address with an order that plain string comparison follows. */
+interface IPv6Info extends AddressInfo {
+  /** `6` and the value in fixed-width hex. */
   order: string;
+}
+
+/**
+ * The value of a dotted quad as inet_ntop prints it (what node:net's isIPv4
+ * accepts: four decimal numbers up to 255 without leading zeros), or -1.
+ * Allocates nothing.
+ */
+export function ipv4Value(text: string): number {
+  const n = text.length;
+  if (n < 7 || n > 15) return -1;
+  let value = 0;
+  let octet = 0;
+  let digits = 0;
+  let dots = 0;
+  for (let i = 0; i < n; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 46) {
+      if (digits === 0 || dots === 3) return -1;
+      value = value * 256 + octet;
+      octet = 0;
+      digits = 0;
+      dots++;
+    } else if (c >= 48 && c <= 57) {
+      if (digits > 0 && octet === 0) return -1;
+      octet = octet * 10 + (c - 48);
+      if (++digits > 3 || octet > 255) return -1;
+    } else return -1;
+  }
+  if (digits === 0 || dots !== 3) return -1;
+  return value * 256 + octet;
 }
 
 const HEX2 = Array.from({ length: 256 }, (_, i) => i.toString(16).padStart(2, '0'));
@@ -39,22 +77,11 @@ function hex4(word: number): string {
   return HEX2[word >>> 8]! + HEX2[word & 255]!;
 }
 
-function readAddress(text: string): AddressInfo | undefined {
+function readIPv6(text: string): IPv6Info | undefined {
   if (text.length === 0 || text.length > 64) return undefined;
-  // node:net's checks are strict (no leading zeros in a dotted quad, no
-  // surrounding blanks) and far cheaper than a general parser. A dotted quad
-  // they accept is already what inet_ntop prints.
-  if (isIPv4(text)) {
-    let order = '4';
-    let start = 0;
-    for (let i = 0; i < 4; i++) {
-      const dot = i < 3 ? text.indexOf('.', start) : text.length;
-      order += HEX2[Number(text.slice(start, dot))]!;
-      start = dot + 1;
-    }
-    return { family: 'ipv4', text, order };
-  }
-  // isIPv6 accepts zone ids; a scoped address is never a service address.
+  // node:net's check is strict (no surrounding blanks) and far cheaper than a
+  // general parser. It accepts zone ids; a scoped address is never a service
+  // address.
   if (text.includes('%') || !isIPv6(text)) return undefined;
   const words = ipv6Words(text);
   let order = '6';
@@ -121,21 +148,30 @@ function ipv6Text(words: number[]): string {
   return out;
 }
 
-const addressCache = new Map<string, AddressInfo | null>();
+const ipv6Cache = new Map<string, IPv6Info | null>();
 
-/** Parsed once per distinct text: the same endpoint and node addresses come back on every sync. */
-export function addressInfo(text: unknown): AddressInfo | undefined {
-  if (typeof text !== 'string') return undefined;
-  const hit = addressCache.get(text);
+/** Everything but a dotted quad, parsed once per distinct text: the same addresses come back on every sync. */
+function ipv6Info(text: string): IPv6Info | undefined {
+  const hit = ipv6Cache.get(text);
   if (hit !== undefined) return hit ?? undefined;
-  const info = readAddress(text);
-  if (addressCache.size >= 200_000) addressCache.clear();
-  addressCache.set(text, info ?? null);
+  const info = readIPv6(text);
+  if (ipv6Cache.size >= 200_000) ipv6Cache.clear();
+  ipv6Cache.set(text, info ?? null);
   return info;
 }
 
+export function addressInfo(text: unknown): AddressInfo | undefined {
+  if (typeof text !== 'string') return undefined;
+  // A dotted quad isIPv4 accepts is already what inet_ntop prints.
+  if (ipv4Value(text) >= 0) return { family: 'ipv4', text };
+  return ipv6Info(text);
+}
+
 export function parseAddress(text: unknown): ParsedAddress | undefined {
-  const info = addressInfo(text);
+  if (typeof text !== 'string') return undefined;
+  const v4 = ipv4Value(text);
+  if (v4 >= 0) return { family: 'ipv4', value: BigInt(v4), text };
+  const info = ipv6Info(text);
   if (!info) return undefined;
   return { family: info.family, value: BigInt(`0x${info.order.slice(1)}`), text: info.text };
 }
@@ -172,8 +208,12 @@ export function formatAddress(family: Family, value: bigint): string {
 
 /** Numeric order within a family, IPv4 before IPv6; unparseable text last, by text. */
 export function compareAddresses(a: string, b: string): number {
-  const pa = addressInfo(a);
-  const pb = addressInfo(b);
+  const va = ipv4Value(a);
+  const vb = ipv4Value(b);
+  if (va >= 0) return vb >= 0 ? va - vb : -1;
+  if (vb >= 0) return 1;
+  const pa = ipv6Info(a);
+  const pb = ipv6Info(b);
   if (pa && pb) return compareText(pa.order, pb.order);
   if (pa) return -1;
   if (pb) return 1;

@@ -3,7 +3,9 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildModel, formatAddress, parseAddress, parseCidr, sanitizeComment, type ModelInput, type ServicePortPlan } from '../../agent/model.ts';
+import { isIPv4 } from 'node:net';
+import { ipv4Value } from '../../lib/address.ts';
+import { buildModel, compareAddresses, formatAddress, parseAddress, parseCidr, sanitizeComment, type ModelInput, type ServicePortPlan } from '../../agent/model.ts';
 import { CLASS, CONFIG, NODE, NODE_V4, NODE_V6, corrupt, corruptionArb, endpointAddress, toInput, worldArb, type World } from './agent-fixtures.ts';
 
 function service(name: string, over: { spec?: Partial<NonNullable<V1Service['spec']>>; ingress?: NonNullable<NonNullable<V1Service['status']>['loadBalancer']>['ingress']; annotations?: Record<string, string>; created?: string } = {}): V1Service {
@@ -57,6 +59,38 @@ describe('addresses', () => {
     for (const bad of ['', 'bogus', '192.0.2.01', '192.0.2.1 ', '256.0.0.1', 'fe80::1%eth0', '1::2::3', '198.18.0.1/32', '1.2.3']) {
       expect(parseAddress(bad), bad).toBeUndefined();
     }
+  });
+
+  it('reads a dotted quad in place exactly as node:net accepts it, with its value', () => {
+    const quadChars = fc.array(fc.constantFrom('0', '1', '2', '5', '9', '.', '.', 'x', ':'), { maxLength: 17 }).map((cs) => cs.join(''));
+    const octet = fc.integer({ min: 0, max: 255 });
+    const quad = fc.tuple(octet, octet, octet, octet);
+    fc.assert(
+      fc.property(fc.oneof(quadChars, quad.map((q) => q.join('.')), fc.string()), (text) => {
+        const v = ipv4Value(text);
+        expect(v >= 0, text).toBe(isIPv4(text));
+        if (v >= 0) expect(v).toBe(text.split('.').reduce((acc, o) => acc * 256 + Number(o), 0));
+      }),
+      { numRuns: 2000 },
+    );
+    for (const bad of ['01.2.3.4', '1.2.3.', '.1.2.3', '1..2.3', '1.2.3.4.5', '256.1.1.1', '1.2.3.4 ', '1.2.3.1000']) expect(ipv4Value(bad), bad).toBe(-1);
+  });
+
+  it('orders addresses numerically, IPv4 before IPv6, anything else last by text', () => {
+    const v4 = fc.tuple(fc.integer({ min: 0, max: 255 }), fc.integer({ min: 0, max: 255 })).map(([a, b]) => `198.${a}.${b}.1`);
+    const v6 = fc.tuple(fc.integer({ min: 0, max: 0xffff }), fc.integer({ min: 0, max: 0xffff })).map(([a, b]) => formatAddress('ipv6', (0x20010db8n << 96n) | (BigInt(a) << 16n) | BigInt(b)));
+    const rank = (t: string) => {
+      const p = parseAddress(t);
+      return p ? [p.family === 'ipv4' ? 0 : 1, p.value] as const : ([2, 0n] as const);
+    };
+    fc.assert(
+      fc.property(fc.oneof(v4, v6, fc.constantFrom('bogus', 'zz', '')), fc.oneof(v4, v6, fc.constantFrom('bogus', 'zz', '')), (a, b) => {
+        const [fa, va] = rank(a);
+        const [fb, vb] = rank(b);
+        const want = fa !== fb ? Math.sign(fa - fb) : fa === 2 ? (a < b ? -1 : a > b ? 1 : 0) : va < vb ? -1 : va > vb ? 1 : 0;
+        expect(Math.sign(compareAddresses(a, b)), `${a} vs ${b}`).toBe(want);
+      }),
+    );
   });
 
   it('normalises CIDRs: host bits zeroed, bare addresses become host routes', () => {
