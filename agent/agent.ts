@@ -139,7 +139,8 @@ export class Agent {
     this.services.onChange(onChange);
     this.slices.onChange(onChange);
     this.nodes.onChange(onChange);
-    // The first sync's iptables-save is read while the informers list.
+    // The first sync's iptables-save is read, and its iptables-restore
+    // started, while the informers list.
     for (const applier of this.appliers.values()) void applier.prepare();
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
@@ -159,6 +160,7 @@ export class Agent {
   async stop(): Promise<void> {
     clearInterval(this.resyncTimer);
     await this.coalescer.stop();
+    for (const applier of this.appliers.values()) applier.close();
     await Promise.all([this.services.stop(), this.slices.stop(), this.nodes.stop()]);
     await this.lease?.stop();
     await this.health?.close();
@@ -249,7 +251,7 @@ export class Agent {
       return;
     }
     this.syncs++;
-    // A full rewrite's iptables-save runs while the rules are computed.
+    // A full rewrite's iptables-save runs, and its iptables-restore starts, while the rules are computed.
     for (const applier of this.appliers.values()) void applier.prepare();
     // Incremental: the informers hand out the same object for an unchanged
     // Service or slice, so only what changed since the last sync is redone.

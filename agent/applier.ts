@@ -12,11 +12,12 @@
 // iptables-save is only read on full rewrites (it costs hundreds of
 // milliseconds at 10,000 ports), and the first one is read ahead, while the
 // agent's informers list the cluster, so that it is off the path from "caches
-// synced" to "rules in place".
+// synced" to "rules in place". The iptables-restore of a full rewrite is
+// started ahead too, and waits for its payload.
 import type { Family } from '../lib/contract.ts';
 import type { Logger } from '../lib/log.ts';
 import { silentLogger } from '../lib/log.ts';
-import type { Xtables } from './iptables.ts';
+import type { StartedRestore, Xtables } from './iptables.ts';
 import { CANARY_CHAIN, CHAIN_PREFIX, TABLES, type Ruleset, type TableName } from './render.ts';
 import { parseSave, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
 
@@ -50,6 +51,8 @@ export class Applier {
   private applied: Ruleset | undefined;
   /** The save for the next full rewrite, started early by prepare(), and when it started. */
   private pendingSave: { tables: Promise<SavedTables>; at: number } | undefined;
+  /** The next full rewrite's iptables-restore, started by prepare(). */
+  private pendingRestore: StartedRestore | undefined;
 
   constructor(xt: Xtables, log: Logger = silentLogger) {
     this.xt = xt;
@@ -61,6 +64,18 @@ export class Applier {
   invalidate(): void {
     this.applied = undefined;
     this.pendingSave = undefined;
+    this.dropRestore();
+  }
+
+  /** Lets a restore started ahead exit unused (the agent stops). */
+  close(): void {
+    this.pendingSave = undefined;
+    this.dropRestore();
+  }
+
+  private dropRestore(): void {
+    this.pendingRestore?.cancel();
+    this.pendingRestore = undefined;
   }
 
   /**
@@ -71,14 +86,17 @@ export class Applier {
    * rules takes longer than rendering them). A save younger than
    * READ_AHEAD_MS is kept: pier applied nothing since, and should another
    * program have changed pier's chains meanwhile, full() reads again. The
-   * promise says when the save is read (it never rejects; the apply that
-   * uses the save reports its failure).
+   * rewrite's iptables-restore starts now as well and waits for its payload,
+   * however long. The promise says when the save is read (it never rejects;
+   * the apply that uses the save reports its failure).
    */
   prepare(): Promise<void> {
     if (this.applied) {
       this.pendingSave = undefined;
+      this.dropRestore();
       return Promise.resolve();
     }
+    this.pendingRestore ??= this.xt.startRestore();
     if (!this.pendingSave || performance.now() - this.pendingSave.at > READ_AHEAD_MS) {
       this.pendingSave = { tables: this.saveTables(), at: performance.now() };
     }
@@ -120,10 +138,15 @@ export class Applier {
     this.applied = undefined;
     const pending = this.pendingSave;
     this.pendingSave = undefined;
-    if (!pending) return this.rewrite(next, reason, await this.saveTables());
+    // Without prepare() (a flush found by the canary), the restore process
+    // starts while the save is read.
+    const restore = this.pendingRestore ?? this.xt.startRestore();
+    this.pendingRestore = undefined;
     try {
-      return await this.rewrite(next, reason, await pending.tables);
+      return await this.rewrite(next, reason, await (pending?.tables ?? this.saveTables()), restore);
     } catch (err) {
+      restore.cancel();
+      if (!pending) throw err;
       // The save was read before this apply: a jump it lists may be gone
       // (the restore's -D fails, atomically; see rewrite()) or the save
       // itself failed. Once more with a save read now; a second failure is real.
@@ -132,7 +155,7 @@ export class Applier {
     }
   }
 
-  private async rewrite(next: Ruleset, reason: string, saved: SavedTables): Promise<ApplyResult> {
+  private async rewrite(next: Ruleset, reason: string, saved: SavedTables, restore?: StartedRestore): Promise<ApplyResult> {
     const existingChains: Partial<Record<TableName, string[]>> = {};
     const jumpEdits: Partial<Record<TableName, JumpEdits>> = {};
     let jumpsInserted = 0;
@@ -151,7 +174,8 @@ export class Applier {
     // One transaction: stale jumps out (before their chains are deleted),
     // chains rewritten, jumps in. No command per jump.
     const payload = restoreText(next, { existingChains, jumps: jumpEdits });
-    if (payload !== '') await this.xt.restore(payload);
+    if (payload === '') restore?.cancel();
+    else await (restore ? restore.finish(payload) : this.xt.restore(payload));
     this.applied = next;
     this.log.info({ reason, bytes: payload.length, jumpsInserted }, 'full rewrite of pier chains');
     return { family: this.family, mode: 'full', payloadBytes: payload.length, jumpsInserted, reason };

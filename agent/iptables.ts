@@ -2,6 +2,7 @@
 // argument array; rule text from the renderer is split into arguments
 // (splitRule), never handed to a shell.
 import { execa } from 'execa';
+import { constants } from 'node:os';
 import type { Family } from '../lib/contract.ts';
 import { splitRule } from './restore.ts';
 
@@ -31,25 +32,51 @@ export interface RunResult {
 /**
  * Runs one command. `prefix` (for example `ip netns exec NS`) lets tests and
  * benchmarks aim the agent at a namespace of their own; the agent itself runs
- * in the namespace it programs and uses none.
+ * in the namespace it programs and uses none. A promised `input` starts the
+ * process at once and writes its stdin when the promise settles (nothing if
+ * it rejects).
  */
-export type Runner = (file: string, args: string[], input?: string) => Promise<RunResult>;
+export type Runner = (file: string, args: string[], input?: string | Promise<string>) => Promise<RunResult>;
 
 export function commandRunner(prefix: readonly string[] = []): Runner {
   return async (file, args, input) => {
     const [cmd, ...rest] = prefix.length > 0 ? [...prefix, file, ...args] : [file, ...args];
-    const r = await execa(cmd!, rest, { input, reject: false, stripFinalNewline: false, maxBuffer: 512 * 1024 * 1024 });
+    const now = typeof input === 'string' ? input : undefined;
+    const sub = execa(cmd!, rest, { input: now, reject: false, stripFinalNewline: false, maxBuffer: 512 * 1024 * 1024 });
+    // execa reports a write to a process that is already gone in the result,
+    // not as an error of its own.
+    if (typeof input === 'object') {
+      input.then(
+        (text) => sub.stdin?.end(text),
+        () => sub.stdin?.end(),
+      );
+    }
+    const r = await sub;
+    const stdout = String(r.stdout ?? '');
+    const stderr = String(r.stderr ?? '');
+    if (r.signal) {
+      // As a shell reports it: 128 + the signal's number.
+      return { exitCode: 128 + (constants.signals[r.signal] ?? 0), stdout, stderr: `${stderr}${file} was killed by ${r.signal}\n` };
+    }
     if (r.failed && r.exitCode === undefined) {
       // Not started at all (binary missing): say which one.
-      throw new IptablesError(`cannot run ${file}: ${r.shortMessage}`, String(r.stderr ?? ''), undefined);
+      throw new IptablesError(`cannot run ${file}: ${r.shortMessage}`, stderr, undefined);
     }
-    return { exitCode: r.exitCode ?? 1, stdout: String(r.stdout ?? ''), stderr: String(r.stderr ?? '') };
+    return { exitCode: r.exitCode ?? 1, stdout, stderr };
   };
 }
 
 export function binaries(backend: Backend, family: Family): { cmd: string; save: string; restore: string } {
   const base = family === 'ipv4' ? 'iptables' : 'ip6tables';
   return { cmd: `${base}-${backend}`, save: `${base}-${backend}-save`, restore: `${base}-${backend}-restore` };
+}
+
+/** An iptables-restore process waiting for its payload (Xtables.startRestore). */
+export interface StartedRestore {
+  /** Hands over the payload; resolves or throws as Xtables.restore does. */
+  finish(payload: string): Promise<void>;
+  /** Lets it exit without changing anything. A no-op after finish(). */
+  cancel(): void;
 }
 
 /** iptables for one family and backend. */
@@ -72,7 +99,44 @@ export class Xtables {
   /** Applies a payload in one transaction without flushing what it does not name. */
   async restore(payload: string, opts: { test?: boolean } = {}): Promise<void> {
     const args = [...this.wait, '--noflush', ...(opts.test ? ['--test'] : [])];
-    const r = await this.run(this.bin.restore, args, payload);
+    this.checkRestore(await this.run(this.bin.restore, args, payload), payload);
+  }
+
+  /**
+   * iptables-restore --noflush started now, its payload given later, so that
+   * starting it (about 7 ms from exec to reading stdin, execa's share
+   * included) is off the path of the payload. It holds nothing while it
+   * waits: the legacy backend takes the xtables lock and nft reads the
+   * kernel's rules only once input arrives. Cancelled or left behind, it reads
+   * an empty input and exits having changed nothing.
+   */
+  startRestore(): StartedRestore {
+    let give: (payload: string) => void = () => {};
+    const input = new Promise<string>((resolve) => (give = resolve));
+    let given = false;
+    let exited = false;
+    const outcome = this.run(this.bin.restore, [...this.wait, '--noflush'], input).finally(() => {
+      exited = true;
+    });
+    // A cancelled one's result is nobody's; finish() awaits it otherwise.
+    outcome.catch(() => undefined);
+    return {
+      finish: async (payload) => {
+        if (given) throw new Error('this iptables-restore was already given its input');
+        given = true;
+        // Gone before it got anything (killed, or it could not start): one now.
+        if (exited) return this.restore(payload);
+        give(payload);
+        this.checkRestore(await outcome, payload);
+      },
+      cancel: () => {
+        given = true;
+        give('');
+      },
+    };
+  }
+
+  private checkRestore(r: RunResult, payload: string): void {
     if (r.exitCode !== 0) {
       throw new IptablesError(`${this.bin.restore} failed: ${describeRestoreFailure(r.stderr, payload)}`, r.stderr, r.exitCode);
     }

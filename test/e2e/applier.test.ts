@@ -1,6 +1,7 @@
 // The applier against real iptables in a scratch namespace: how much it runs
 // for each kind of change, and how it recovers from what others do to the
 // tables (stale chains and jumps, a flush, a failing partial write).
+import { execa } from 'execa';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { Applier, removeAll } from '../../agent/applier.ts';
 import { Xtables, commandRunner, type Runner } from '../../agent/iptables.ts';
@@ -47,9 +48,15 @@ function pierLines(save: string): string[] {
   return out.sort();
 }
 
+/** Pids of the processes running in a network namespace. */
+async function processesIn(ns: string): Promise<number[]> {
+  const { stdout } = await execa('ip', ['netns', 'pids', ns]);
+  return stdout.split('\n').filter(Boolean).map(Number);
+}
+
 describe('Applier', () => {
   let s: Scratch;
-  let calls: { file: string; args: string[]; input?: string }[];
+  let calls: { file: string; args: string[]; input?: string | Promise<string>; result: Promise<unknown> }[];
   let failNextRestore: boolean;
   let xt: Xtables;
   const pierState = async () => pierLines((await s.exec('iptables-save', [])).stdout);
@@ -69,13 +76,16 @@ describe('Applier', () => {
     calls = [];
     failNextRestore = false;
     const inner = commandRunner(['ip', 'netns', 'exec', s.ns]);
-    const counting: Runner = async (file, args, input) => {
-      calls.push({ file, args, input });
+    const counting: Runner = (file, args, input) => {
       if (failNextRestore && file.endsWith('-restore')) {
         failNextRestore = false;
-        return { exitCode: 2, stdout: '', stderr: 'iptables-restore: simulated failure\nError occurred at line: 2\n' };
+        const result = Promise.resolve({ exitCode: 2, stdout: '', stderr: 'iptables-restore: simulated failure\nError occurred at line: 2\n' });
+        calls.push({ file, args, input, result });
+        return result;
       }
-      return inner(file, args, input);
+      const result = inner(file, args, input);
+      calls.push({ file, args, input, result });
+      return result;
     };
     xt = new Xtables('ipv4', 'nft', counting);
   });
@@ -90,7 +100,7 @@ describe('Applier', () => {
     const r = await a.apply(ruleset(50, 100));
     expect(r.mode).toBe('partial');
     expect(calls.map((c) => c.file)).toEqual(['iptables-nft-restore']);
-    const declared = (calls[0]!.input ?? '').split('\n').filter((l) => l.startsWith(':'));
+    const declared = (await (calls[0]!.input ?? '')).split('\n').filter((l) => l.startsWith(':'));
     expect(declared.length).toBeGreaterThan(0);
     expect(declared.length).toBeLessThan(4);
     expect(await pierState()).toEqual(await expected(ruleset(50, 100)));
@@ -128,6 +138,45 @@ describe('Applier', () => {
     expect(saves()).toBe(2);
     expect(calls.filter((c) => c.file.endsWith('-restore'))).toHaveLength(2);
     expect(await pierState()).toEqual(await expected(ruleset(3)));
+  });
+
+  it("starts the first rewrite's iptables-restore ahead, where it waits for its payload and holds nothing", async () => {
+    const a = new Applier(xt);
+    await a.prepare();
+    const restores = () => calls.filter((c) => c.file.endsWith('-restore'));
+    expect(restores()).toHaveLength(1);
+    expect(typeof restores()[0]!.input).toBe('object');
+    expect(await processesIn(s.ns)).toHaveLength(1);
+    // Waiting, it keeps nobody else from changing the tables.
+    await s.exec('iptables', ['-t', 'nat', '-N', 'HOST-OWN']);
+    expect((await a.apply(ruleset(5))).mode).toBe('full');
+    expect(restores()).toHaveLength(1);
+    expect(await restores()[0]!.result).toMatchObject({ exitCode: 0 });
+    expect(await pierState()).toEqual(await expected(ruleset(5)));
+    expect(await processesIn(s.ns)).toEqual([]);
+  });
+
+  it('lets a restore started ahead exit unused when the agent stops, and replaces one that died', async () => {
+    const before = (await s.exec('iptables-save', [])).stdout.split('\n').filter((l) => l.startsWith('-') || l.startsWith(':'));
+    const a = new Applier(xt);
+    await a.prepare();
+    a.close();
+    const restores = () => calls.filter((c) => c.file.endsWith('-restore'));
+    expect(await restores()[0]!.result).toMatchObject({ exitCode: 0 });
+    expect(await processesIn(s.ns)).toEqual([]);
+    expect((await s.exec('iptables-save', [])).stdout.split('\n').filter((l) => l.startsWith('-') || l.startsWith(':'))).toEqual(before);
+
+    const b = new Applier(xt);
+    await b.prepare();
+    const [pid] = await processesIn(s.ns);
+    process.kill(pid!, 'SIGKILL');
+    expect(await restores()[1]!.result).toMatchObject({ exitCode: 137 });
+    const saves = calls.filter((c) => c.file.endsWith('-save')).length;
+    expect((await b.apply(ruleset(4))).mode).toBe('full');
+    // A new process for the payload, and the save read ahead still serves.
+    expect(restores()).toHaveLength(3);
+    expect(calls.filter((c) => c.file.endsWith('-save'))).toHaveLength(saves);
+    expect(await pierState()).toEqual(await expected(ruleset(4)));
   });
 
   it('falls back to a full rewrite when a partial write fails', async () => {
