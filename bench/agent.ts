@@ -8,10 +8,11 @@
 // between syncs: a no-op sync hands over the same objects again, and "one
 // Service changed" replaces only that Service's EndpointSlice with a new one.
 // A cold sync is a new pipeline and applier against an empty namespace, timed
-// from "caches synced" as the agent starts (its first iptables-save is read
-// while its informers list; the time with the save on the path is printed
-// too); the raw restore it is compared with writes the very payload the
-// applier writes there (jumps into the built-in chains included).
+// from "caches synced" as the agent starts (its first iptables-save is read,
+// and its iptables-restore started, while its informers list; the time with
+// the save on the path is printed too); the raw restore it is compared with
+// writes the very payload the applier writes there (jumps into the built-in
+// chains included), starting its process as any command does.
 //
 // The memory figure comes from a separate process (bench/agent-rss.ts,
 // compiled to JavaScript, with this process's Node flags) holding the agent's
@@ -159,9 +160,9 @@ for (const n of sizes) {
       await sync(pipeline(), new Applier(xt), objs);
       withSaves.push(ms(t0));
     });
-    // The agent from scratch as it starts: the save is read while the
-    // informers list, then the caches are synced and the sync runs (compute,
-    // restore with jumps).
+    // The agent from scratch as it starts: the save is read and the restore
+    // started while the informers list, then the caches are synced and the
+    // sync runs (compute, restore with jumps).
     const last = k === coldRepeat - 1;
     await withScratch(async (_s, xt) => {
       const p = pipeline();
