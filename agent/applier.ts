@@ -63,8 +63,7 @@ export class Applier {
   /** Forget what was applied, so the next apply rewrites everything. */
   invalidate(): void {
     this.applied = undefined;
-    this.pendingSave = undefined;
-    this.dropRestore();
+    this.close();
   }
 
   /** Lets a restore started ahead exit unused (the agent stops). */

@@ -37,7 +37,7 @@ export interface AddressInfo {
 
 /** An IPv6 address with an order that plain string comparison follows. */
 interface IPv6Info extends AddressInfo {
-  /** `6` and the value in fixed-width hex. */
+  /** The value in fixed-width hex. */
   order: string;
 }
 
@@ -84,7 +84,7 @@ function readIPv6(text: string): IPv6Info | undefined {
   // address.
   if (text.includes('%') || !isIPv6(text)) return undefined;
   const words = ipv6Words(text);
-  let order = '6';
+  let order = '';
   for (const w of words) order += hex4(w);
   return { family: 'ipv6', text: ipv6Text(words), order };
 }
@@ -173,7 +173,7 @@ export function parseAddress(text: unknown): ParsedAddress | undefined {
   if (v4 >= 0) return { family: 'ipv4', value: BigInt(v4), text };
   const info = ipv6Info(text);
   if (!info) return undefined;
-  return { family: info.family, value: BigInt(`0x${info.order.slice(1)}`), text: info.text };
+  return { family: info.family, value: BigInt(`0x${info.order}`), text: info.text };
 }
 
 /** Accepts `addr/prefix` or a bare address (a host route); host bits are zeroed. */
