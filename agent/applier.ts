@@ -66,13 +66,9 @@ export class Applier {
     this.close();
   }
 
-  /** Lets a restore started ahead exit unused (the agent stops). */
+  /** Drops what was read and started ahead: a restore started ahead exits unused (the agent stops). */
   close(): void {
     this.pendingSave = undefined;
-    this.dropRestore();
-  }
-
-  private dropRestore(): void {
     this.pendingRestore?.cancel();
     this.pendingRestore = undefined;
   }
@@ -91,8 +87,7 @@ export class Applier {
    */
   prepare(): Promise<void> {
     if (this.applied) {
-      this.pendingSave = undefined;
-      this.dropRestore();
+      this.close();
       return Promise.resolve();
     }
     this.pendingRestore ??= this.xt.startRestore();
