@@ -13,7 +13,7 @@ import { LeaseRenewer } from '../lib/lease.ts';
 import type { Logger } from '../lib/log.ts';
 import { slimEndpointSlice, slimNode, slimService } from '../lib/slim.ts';
 import { VERSION } from '../lib/version.ts';
-import { Applier } from './applier.ts';
+import { Applier, eachFamily } from './applier.ts';
 import { detectBackend } from './backend.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
@@ -267,38 +267,50 @@ export class Agent {
     const model = this.pipeline.model({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
     this.report(model.problems);
 
-    let allOk = true;
+    // Both families' rules first, then their restores: a restore reads its
+    // input while this thread is free to write it, and nft runs the two side
+    // by side (eachFamily).
     const families = this.cfg.dryRun ? contract.FAMILIES : [...this.appliers.keys()];
+    const planned = new Map<Family, { ruleset: Ruleset; renderMs: number }>();
     for (const family of families) {
       const started = performance.now();
       const ruleset = this.pipeline.ruleset(model[family]);
-      try {
-        const mode = this.cfg.dryRun ? this.printDryRun(family, ruleset) : (await this.appliers.get(family)!.apply(ruleset, opts)).mode;
-        this.metrics.syncDuration.observe({ family, mode }, (performance.now() - started) / 1000);
-        for (const table of TABLES) {
-          const t = ruleset.tables[table];
-          let rules = t.jumps.length;
-          for (const r of t.chains.values()) rules += r.length;
-          this.metrics.rules.set({ family, table }, rules);
-          this.metrics.chains.set({ family, table }, t.chains.size);
-        }
-        if (this.applyErrors.delete(family)) this.lease?.renewNow();
-      } catch (err) {
-        allOk = false;
-        const msg = (err as Error).message;
-        this.metrics.syncErrors.inc({ family });
-        this.log.error({ family, err: msg }, 'applying rules failed; the rules in place stay until a sync succeeds');
-        if (!this.applyErrors.has(family)) this.lease?.renewNow();
-        this.applyErrors.set(family, msg);
-        this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason: 'SyncFailed', action: 'Sync', note: `${family}: ${msg}` });
-      }
+      planned.set(family, { ruleset, renderMs: performance.now() - started });
     }
+    const outcomes = await eachFamily(this.backend, families, (family) => this.applyFamily(family, planned.get(family)!, opts));
+    const allOk = outcomes.every(Boolean);
     if (allOk) {
       this.ready = true;
       this.readyDetail = `synced ${this.syncs} times`;
       this.metrics.lastSuccess.set(Date.now() / 1000);
     } else {
       this.readyDetail = `last sync failed: ${[...this.applyErrors].map(([f, e]) => `${f}: ${e}`).join('; ')}`;
+    }
+  }
+
+  /** One family's apply, with its metrics, logs and Events; whether it succeeded. Never throws. */
+  private async applyFamily(family: Family, { ruleset, renderMs }: { ruleset: Ruleset; renderMs: number }, opts: { verify: boolean }): Promise<boolean> {
+    const started = performance.now();
+    try {
+      const mode = this.cfg.dryRun ? this.printDryRun(family, ruleset) : (await this.appliers.get(family)!.apply(ruleset, opts)).mode;
+      this.metrics.syncDuration.observe({ family, mode }, (renderMs + performance.now() - started) / 1000);
+      for (const table of TABLES) {
+        const t = ruleset.tables[table];
+        let rules = t.jumps.length;
+        for (const r of t.chains.values()) rules += r.length;
+        this.metrics.rules.set({ family, table }, rules);
+        this.metrics.chains.set({ family, table }, t.chains.size);
+      }
+      if (this.applyErrors.delete(family)) this.lease?.renewNow();
+      return true;
+    } catch (err) {
+      const msg = (err as Error).message;
+      this.metrics.syncErrors.inc({ family });
+      this.log.error({ family, err: msg }, 'applying rules failed; the rules in place stay until a sync succeeds');
+      if (!this.applyErrors.has(family)) this.lease?.renewNow();
+      this.applyErrors.set(family, msg);
+      this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason: 'SyncFailed', action: 'Sync', note: `${family}: ${msg}` });
+      return false;
     }
   }
 

@@ -13,11 +13,12 @@
 // milliseconds at 10,000 ports), and the first one is read ahead, while the
 // agent's informers list the cluster, so that it is off the path from "caches
 // synced" to "rules in place". The iptables-restore of a full rewrite is
-// started ahead too, and waits for its payload.
+// started ahead too, and waits for its payload. The two families' appliers
+// run side by side where the backend allows it (eachFamily).
 import type { Family } from '../lib/contract.ts';
 import type { Logger } from '../lib/log.ts';
 import { silentLogger } from '../lib/log.ts';
-import type { StartedRestore, Xtables } from './iptables.ts';
+import type { Backend, StartedRestore, Xtables } from './iptables.ts';
 import { CANARY_CHAIN, CHAIN_PREFIX, TABLES, type Ruleset, type TableName } from './render.ts';
 import { parseSave, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
 
@@ -41,6 +42,23 @@ export interface ApplyResult {
   jumpsInserted: number;
   /** Why a full rewrite happened, when it did. */
   reason?: string;
+}
+
+/**
+ * Runs `apply` for each family: side by side with nft, one after the other
+ * with legacy. An iptables-nft-restore spends most of its time in its own
+ * process, parsing and building its batch, and the kernel takes the two
+ * families' commits one at a time anyway: side by side, a cold sync of
+ * 10,000 ports per family took 1.6-2.1 s instead of 2.3-3.8 s one after the
+ * other (bench/README.md). A legacy restore holds the xtables lock, which
+ * iptables and ip6tables share, for its whole run: the second would only
+ * wait for it, and could wait past -w.
+ */
+export async function eachFamily<T>(backend: Backend, families: readonly Family[], apply: (family: Family) => Promise<T>): Promise<T[]> {
+  if (backend === 'nft') return Promise.all(families.map(apply));
+  const out: T[] = [];
+  for (const family of families) out.push(await apply(family));
+  return out;
 }
 
 export class Applier {

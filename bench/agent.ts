@@ -24,11 +24,13 @@
 //   PIER_BENCH_COLD_REPEAT=9          repetitions of cold sync and raw restore (median; the fastest too)
 //   PIER_BENCH_BACKEND=nft|legacy
 //   PIER_BENCH_RSS_PORTS=10000        ports for the memory measurement (0: skip)
+//   PIER_BENCH_DUAL_PORTS=10000       ports per family for the dual-stack cold sync (0: skip)
+//   PIER_BENCH_DUAL_REPEAT=5          its repetitions (median)
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { Applier, planJumps, type ApplyResult } from '../agent/applier.ts';
+import { Applier, eachFamily, planJumps, type ApplyResult } from '../agent/applier.ts';
 import { Xtables, commandRunner, type Backend } from '../agent/iptables.ts';
 import { buildModel } from '../agent/model.ts';
 import { SyncPipeline } from '../agent/pipeline.ts';
@@ -40,6 +42,7 @@ import { ROOT, transpile } from './transpile.ts';
 
 const NODE = 'bench-node';
 const NODE_IP = '198.51.100.11';
+const NODE_IP6 = '2001:db8::11';
 const MODEL_CONFIG = { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 };
 const MARK_BIT = 0x2000;
 const sizes = (process.env['PIER_BENCH_SIZES'] ?? '100,1000,10000').split(',').map(Number);
@@ -47,6 +50,8 @@ const repeat = Number(process.env['PIER_BENCH_REPEAT'] ?? '5');
 const coldRepeat = Number(process.env['PIER_BENCH_COLD_REPEAT'] ?? '9');
 const backend = (process.env['PIER_BENCH_BACKEND'] ?? 'nft') as Backend;
 const rssPorts = Number(process.env['PIER_BENCH_RSS_PORTS'] ?? String(Math.max(...sizes)));
+const dualPorts = Number(process.env['PIER_BENCH_DUAL_PORTS'] ?? String(Math.max(...sizes)));
+const dualRepeat = Number(process.env['PIER_BENCH_DUAL_REPEAT'] ?? '5');
 
 // Targets from the agent's scale issue.
 const COLD_RATIO = 1.2;
@@ -61,12 +66,12 @@ interface Objects {
   slices: V1EndpointSlice[];
 }
 
-function service(i: number): V1Service {
+function service(i: number, ips = [NODE_IP]): V1Service {
   const port = 20000 + i;
   return {
     metadata: { namespace: 'bench', name: `svc-${i}`, uid: `uid-${i}` },
     spec: { type: 'LoadBalancer', loadBalancerClass: LOAD_BALANCER_CLASS, ports: [{ name: 'p', port, protocol: 'TCP', targetPort: 8080 }] },
-    status: { loadBalancer: { ingress: [{ ip: NODE_IP, ipMode: 'Proxy', ports: [{ port, protocol: 'TCP' }] }] } },
+    status: { loadBalancer: { ingress: ips.map((ip) => ({ ip, ipMode: 'Proxy', ports: [{ port, protocol: 'TCP' }] })) } },
   };
 }
 
@@ -88,6 +93,20 @@ function decoded<T>(obj: T): T {
 
 function objects(n: number): Objects {
   return { services: Array.from({ length: n }, (_, i) => decoded(service(i))), slices: Array.from({ length: n }, (_, i) => decoded(slice(i))) };
+}
+
+/** Dual-stack: each Service on the node's IPv4 and IPv6 address, with a slice of two endpoints per family. */
+function dualObjects(n: number): Objects {
+  const v6 = (i: number): V1EndpointSlice => ({
+    metadata: { namespace: 'bench', name: `svc-${i}-6`, labels: { 'kubernetes.io/service-name': `svc-${i}` } },
+    addressType: 'IPv6',
+    endpoints: [0, 1].map((k) => ({ addresses: [`2001:db8:1::${(i * 2 + k + 1).toString(16)}`], nodeName: NODE, conditions: { ready: true } })),
+    ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
+  });
+  return {
+    services: Array.from({ length: n }, (_, i) => decoded(service(i, [NODE_IP, NODE_IP6]))),
+    slices: Array.from({ length: n }, (_, i) => [decoded(slice(i)), decoded(v6(i))]).flat(),
+  };
 }
 
 function pipeline(): SyncPipeline {
@@ -112,10 +131,11 @@ async function sync(p: SyncPipeline, applier: Applier, objs: Objects, computed?:
 const ms = (t0: number) => performance.now() - t0;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-async function withScratch<T>(fn: (s: Scratch, xt: Xtables) => Promise<T>): Promise<T> {
+async function withScratch<T>(fn: (s: Scratch, xt: Xtables, xt6: Xtables) => Promise<T>): Promise<T> {
   const s = await scratchNamespace();
   try {
-    return await fn(s, new Xtables('ipv4', backend, commandRunner(['ip', 'netns', 'exec', s.ns])));
+    const runner = commandRunner(['ip', 'netns', 'exec', s.ns]);
+    return await fn(s, new Xtables('ipv4', backend, runner), new Xtables('ipv6', backend, runner));
   } finally {
     await s.destroy();
   }
@@ -144,6 +164,7 @@ for (const n of sizes) {
   const withSaves: number[] = [];
   const saves: number[] = [];
   const computes: number[] = [];
+  const applies: number[] = [];
   let steady: { noop: number; changed: number } | undefined;
   for (let k = 0; k < coldRepeat; k++) {
     raws.push(
@@ -171,8 +192,10 @@ for (const n of sizes) {
       await applier.prepare();
       saves.push(ms(s0));
       const t0 = performance.now();
-      const res = await sync(p, applier, objs, (c) => computes.push(c));
+      let computed = 0;
+      const res = await sync(p, applier, objs, (c) => computes.push((computed = c)));
       agents.push(ms(t0));
+      applies.push(ms(t0) - computed);
       if (res.mode !== 'full') throw new Error(`expected a full sync, got ${res.mode}`);
       if (!last) return;
       const noops: number[] = [];
@@ -213,6 +236,7 @@ for (const n of sizes) {
   // the cost without the interference, as timeit's documentation argues.
   row(`${n} ports:   the fastest of each`, `${fmt(Math.min(...agents))} (raw restore ${fmt(Math.min(...raws))}, ratio ${(Math.min(...agents) / Math.min(...raws)).toFixed(2)})`);
   row(`${n} ports:   of which computing the rules`, fmt(median(computes)));
+  row(`${n} ports:   of which applying (the payload's text, the restore)`, `${fmt(median(applies))} (${(median(applies) / raw).toFixed(2)}x the raw restore)`);
   row(`${n} ports:   the iptables-save read while the informers list`, fmt(median(saves)));
   row(`${n} ports:   cold sync with the save on its path instead`, `${fmt(median(withSaves))} (ratio ${(median(withSaves) / raw).toFixed(2)})`);
   row(`${n} ports: no-op sync`, fmt(steady!.noop));
@@ -237,6 +261,60 @@ if (sizes.includes(perRuleN)) {
     return ms(t0);
   });
   row(`${perRuleN} ports, one iptables command per rule (${cmds.length} commands)`, `${fmt(perRule)} (${(perRule / cold.get(perRuleN)!.agent).toFixed(0)}x the agent's cold sync)`);
+}
+
+// Dual-stack: Agent.sync renders both families, then applies them through
+// eachFamily (side by side with nft). Against the two raw restores one after
+// the other and side by side, and against the agent's earlier way, the
+// families one after the other.
+let dual: { sideBySide: number; oneByOne: number; rawSequential: number; rawSideBySide: number } | undefined;
+if (dualPorts > 0) {
+  const objs = dualObjects(dualPorts);
+  const families = ['ipv4', 'ipv6'] as const;
+  const planned = (() => {
+    const p = pipeline();
+    const model = p.model({ nodeAddresses: [NODE_IP, NODE_IP6], services: objs.services, slices: objs.slices });
+    return { ipv4: p.ruleset(model.ipv4), ipv6: p.ruleset(model.ipv6) };
+  })();
+  const payloads = Object.fromEntries(families.map((f) => [f, restoreText(planned[f], { jumps: { nat: planJumps(planned[f], 'nat', undefined), filter: planJumps(planned[f], 'filter', undefined) } })])) as Record<(typeof families)[number], string>;
+  const agentDual = (together: boolean) =>
+    withScratch(async (_s, xt, xt6) => {
+      const p = pipeline();
+      const appliers = { ipv4: new Applier(xt), ipv6: new Applier(xt6) };
+      await Promise.all(families.map((f) => appliers[f].prepare()));
+      const t0 = performance.now();
+      const model = p.model({ nodeAddresses: [NODE_IP, NODE_IP6], services: [...objs.services], slices: [...objs.slices] });
+      const rs = { ipv4: p.ruleset(model.ipv4), ipv6: p.ruleset(model.ipv6) };
+      const apply = (f: (typeof families)[number]) => appliers[f].apply(rs[f]);
+      if (together) await eachFamily(backend, families, apply);
+      else for (const f of families) await apply(f);
+      return ms(t0);
+    });
+  const runs = { sideBySide: [] as number[], oneByOne: [] as number[], rawSequential: [] as number[], rawSideBySide: [] as number[] };
+  for (let k = 0; k < dualRepeat; k++) {
+    runs.rawSequential.push(
+      await withScratch(async (_s, xt, xt6) => {
+        const t0 = performance.now();
+        await xt.restore(payloads.ipv4);
+        await xt6.restore(payloads.ipv6);
+        return ms(t0);
+      }),
+    );
+    runs.rawSideBySide.push(
+      await withScratch(async (_s, xt, xt6) => {
+        const t0 = performance.now();
+        await Promise.all([xt.restore(payloads.ipv4), xt6.restore(payloads.ipv6)]);
+        return ms(t0);
+      }),
+    );
+    runs.sideBySide.push(await agentDual(true));
+    runs.oneByOne.push(await agentDual(false));
+  }
+  dual = { sideBySide: median(runs.sideBySide), oneByOne: median(runs.oneByOne), rawSequential: median(runs.rawSequential), rawSideBySide: median(runs.rawSideBySide) };
+  const d = dual;
+  row(`${dualPorts} ports per family, dual-stack: cold sync`, `${fmt(d.sideBySide)} (raw restores one after the other ${fmt(d.rawSequential)}, ratio ${(d.sideBySide / d.rawSequential).toFixed(2)})`);
+  row(`${dualPorts} ports per family:   raw restores side by side`, `${fmt(d.rawSideBySide)} (the cold sync's ratio to it ${(d.sideBySide / d.rawSideBySide).toFixed(2)})`);
+  row(`${dualPorts} ports per family:   the families one after the other`, `${fmt(d.oneByOne)} (${(d.oneByOne / d.sideBySide).toFixed(2)}x the cold sync)`);
 }
 
 const big = Math.max(...sizes);

@@ -3,37 +3,42 @@
 // tables (stale chains and jumps, a flush, a failing partial write).
 import { execa } from 'execa';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { Applier, removeAll } from '../../agent/applier.ts';
+import { Applier, eachFamily, removeAll } from '../../agent/applier.ts';
 import { Xtables, commandRunner, type Runner } from '../../agent/iptables.ts';
 import { buildModel } from '../../agent/model.ts';
 import { renderRuleset, type Ruleset } from '../../agent/render.ts';
 import { parseSave } from '../../agent/restore.ts';
-import { LOAD_BALANCER_CLASS } from '../../lib/contract.ts';
+import { LOAD_BALANCER_CLASS, type Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
 
 const NODE_IP = '198.51.100.11';
 
+const NODE_IP6 = '2001:db8::11';
+
 /** A ruleset for `n` single-port Services; `moved` shifts one Service's endpoint. */
-function ruleset(n: number, moved = 0): Ruleset {
+function ruleset(n: number, moved = 0, family: Family = 'ipv4'): Ruleset {
+  const v6 = family === 'ipv6';
+  const nodeIp = v6 ? NODE_IP6 : NODE_IP;
+  const endpoint = (net: number, host: number) => (v6 ? `2001:db8:${net}::${host.toString(16)}` : `198.19.${net}.${host}`);
   const services = Array.from({ length: n }, (_, i) => ({
     metadata: { namespace: 'shop', name: `s${i}` },
     spec: { type: 'LoadBalancer', loadBalancerClass: LOAD_BALANCER_CLASS, ports: [{ name: 'p', port: 1000 + i, protocol: 'TCP', targetPort: 8080 }] },
-    status: { loadBalancer: { ingress: [{ ip: NODE_IP, ipMode: 'Proxy', ports: [{ port: 1000 + i, protocol: 'TCP' }] }] } },
+    status: { loadBalancer: { ingress: [{ ip: nodeIp, ipMode: 'Proxy', ports: [{ port: 1000 + i, protocol: 'TCP' }] }] } },
   }));
   const slices = services.map((s, i) => ({
     metadata: { namespace: 'shop', name: `${s.metadata.name}-a`, labels: { 'kubernetes.io/service-name': s.metadata.name } },
-    addressType: 'IPv4',
-    endpoints: [{ addresses: [`198.19.1.${(i === 0 ? moved : 0) + 10 + (i % 200)}`], nodeName: 'n1', conditions: { ready: true } }, { addresses: [`198.19.2.${10 + (i % 200)}`], nodeName: 'n2', conditions: { ready: true } }],
+    addressType: v6 ? 'IPv6' : 'IPv4',
+    endpoints: [{ addresses: [endpoint(1, (i === 0 ? moved : 0) + 10 + (i % 200))], nodeName: 'n1', conditions: { ready: true } }, { addresses: [endpoint(2, 10 + (i % 200))], nodeName: 'n2', conditions: { ready: true } }],
     ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
   }));
   const model = buildModel({
     nodeName: 'n1',
-    nodeAddresses: [NODE_IP],
+    nodeAddresses: [nodeIp],
     services: services as never,
     slices: slices as never,
     config: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 },
   });
-  return renderRuleset(model.ipv4, { markBit: 0x2000 });
+  return renderRuleset(model[family], { markBit: 0x2000 });
 }
 
 /** pier's chains, their rules, and the jumps into them, from iptables-save output. */
@@ -59,13 +64,14 @@ describe('Applier', () => {
   let calls: { file: string; args: string[]; input?: string | Promise<string>; result: Promise<unknown> }[];
   let failNextRestore: boolean;
   let xt: Xtables;
-  const pierState = async () => pierLines((await s.exec('iptables-save', [])).stdout);
+  const save = (family: Family) => (family === 'ipv4' ? 'iptables-save' : 'ip6tables-save');
+  const pierState = async (family: Family = 'ipv4') => pierLines((await s.exec(save(family), [])).stdout);
   /** What the applier makes of an empty namespace: the reference state. */
-  const expected = async (rs: Ruleset) => {
+  const expected = async (rs: Ruleset, family: Family = 'ipv4') => {
     const t = await scratchNamespace();
     try {
-      await new Applier(new Xtables('ipv4', 'nft', commandRunner(['ip', 'netns', 'exec', t.ns]))).apply(rs);
-      return pierLines((await t.exec('iptables-save', [])).stdout);
+      await new Applier(new Xtables(family, 'nft', commandRunner(['ip', 'netns', 'exec', t.ns]))).apply(rs);
+      return pierLines((await t.exec(save(family), [])).stdout);
     } finally {
       await t.destroy();
     }
@@ -208,6 +214,33 @@ describe('Applier', () => {
     const r = await a.apply(rs, { verify: true });
     expect(r).toMatchObject({ mode: 'noop', jumpsInserted: 1 });
     expect(await pierState()).toEqual(await expected(rs));
+  });
+
+  it('rewrites both families side by side through nft, each ending exactly as it would alone', async () => {
+    // Restores whose payload has been handed over and that have not finished.
+    let running = 0;
+    let most = 0;
+    const inner = commandRunner(['ip', 'netns', 'exec', s.ns]);
+    const watching: Runner = (file, args, input) => {
+      const result = inner(file, args, input);
+      if (!file.endsWith('-restore') || input === undefined) return result;
+      void Promise.resolve(input).then(() => {
+        most = Math.max(most, ++running);
+        void result.finally(() => running--);
+      });
+      return result;
+    };
+    const appliers = { ipv4: new Applier(new Xtables('ipv4', 'nft', watching)), ipv6: new Applier(new Xtables('ipv6', 'nft', watching)) };
+    const want = (moved: number) => ({ ipv4: ruleset(1500, moved, 'ipv4'), ipv6: ruleset(1500, moved, 'ipv6') });
+    // As the agent starts: saves read and restores started ahead, then both rewrites.
+    await Promise.all([appliers.ipv4.prepare(), appliers.ipv6.prepare()]);
+    const first = await eachFamily('nft', ['ipv4', 'ipv6'], (f) => appliers[f].apply(want(0)[f]));
+    expect(first.map((r) => r.mode)).toEqual(['full', 'full']);
+    expect(most).toBe(2);
+    // Then a change to each, side by side as well.
+    const second = await eachFamily('nft', ['ipv4', 'ipv6'], (f) => appliers[f].apply(want(7)[f]));
+    expect(second.map((r) => r.mode)).toEqual(['partial', 'partial']);
+    for (const f of ['ipv4', 'ipv6'] as const) expect(await pierState(f)).toEqual(await expected(want(7)[f], f));
   });
 
   it('cleanup removes exactly what pier added', async () => {

@@ -5,9 +5,10 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { jumpTarget } from '../../agent/applier.ts';
+import { eachFamily, jumpTarget } from '../../agent/applier.ts';
 import { chooseBackend } from '../../agent/backend.ts';
-import { describeRestoreFailure } from '../../agent/iptables.ts';
+import { describeRestoreFailure, type Backend } from '../../agent/iptables.ts';
+import type { Family } from '../../lib/contract.ts';
 import { ManifestError, readManifests } from '../../agent/manifests.ts';
 import { checkForwarding } from '../../agent/sysctl.ts';
 
@@ -38,6 +39,40 @@ describe('describeRestoreFailure', () => {
     const payload = '*nat\n:PIER-X - [0:0]\n-A PIER-X -j NOPE\nCOMMIT\n';
     const stderr = "iptables-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist\nError occurred at line: 3\nTry `iptables-restore -h' for more information.\n";
     expect(describeRestoreFailure(stderr, payload)).toBe("iptables-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist; Error occurred at line: 3 (line 3: -A PIER-X -j NOPE)");
+  });
+});
+
+describe('eachFamily', () => {
+  /** eachFamily over applies that end only when the test lets them; what has started, step by step. */
+  function gated(backend: Backend) {
+    const started: Family[] = [];
+    const finish = new Map<Family, () => void>();
+    const result = eachFamily(backend, ['ipv4', 'ipv6'], (family) => {
+      started.push(family);
+      return new Promise<string>((resolve) => finish.set(family, () => resolve(`${family} applied`)));
+    });
+    return { started, finish: (f: Family) => finish.get(f)!(), result };
+  }
+  const settle = () => new Promise((resolve) => setImmediate(resolve));
+
+  it('runs the families side by side with nft', async () => {
+    const g = gated('nft');
+    await settle();
+    expect(g.started).toEqual(['ipv4', 'ipv6']);
+    g.finish('ipv6');
+    g.finish('ipv4');
+    expect(await g.result).toEqual(['ipv4 applied', 'ipv6 applied']);
+  });
+
+  it('runs them one after the other with legacy, which holds the xtables lock for a whole restore', async () => {
+    const g = gated('legacy');
+    await settle();
+    expect(g.started).toEqual(['ipv4']);
+    g.finish('ipv4');
+    await settle();
+    expect(g.started).toEqual(['ipv4', 'ipv6']);
+    g.finish('ipv6');
+    expect(await g.result).toEqual(['ipv4 applied', 'ipv6 applied']);
   });
 });
 
