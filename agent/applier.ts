@@ -48,9 +48,9 @@ export interface ApplyResult {
  * Runs `apply` for each family: side by side with nft, one after the other
  * with legacy. An iptables-nft-restore spends most of its time in its own
  * process, parsing and building its batch, and the kernel takes the two
- * families' commits one at a time anyway: side by side, a cold sync of
- * 10,000 ports per family took 1.6-2.1 s instead of 2.3-3.8 s one after the
- * other (bench/README.md). A legacy restore holds the xtables lock, which
+ * families' commits one at a time anyway: two restores of 10,000 ports each
+ * took 1.7-2.5 s side by side and 2.3-3.8 s one after the other
+ * (bench/README.md). A legacy restore holds the xtables lock, which
  * iptables and ip6tables share, for its whole run: the second would only
  * wait for it, and could wait past -w.
  */
