@@ -98,8 +98,7 @@ export class Xtables {
 
   /** Applies a payload in one transaction without flushing what it does not name. */
   async restore(payload: string, opts: { test?: boolean } = {}): Promise<void> {
-    const args = [...this.wait, '--noflush', ...(opts.test ? ['--test'] : [])];
-    this.checkRestore(await this.run(this.bin.restore, args, payload), payload);
+    this.checkRestore(await this.run(this.bin.restore, this.restoreArgs(opts.test), payload), payload);
   }
 
   /**
@@ -115,7 +114,7 @@ export class Xtables {
     const input = new Promise<string>((resolve) => (give = resolve));
     let given = false;
     let exited = false;
-    const outcome = this.run(this.bin.restore, [...this.wait, '--noflush'], input).finally(() => {
+    const outcome = this.run(this.bin.restore, this.restoreArgs(), input).finally(() => {
       exited = true;
     });
     // A cancelled one's result is nobody's; finish() awaits it otherwise.
@@ -134,6 +133,10 @@ export class Xtables {
         give('');
       },
     };
+  }
+
+  private restoreArgs(test = false): string[] {
+    return [...this.wait, '--noflush', ...(test ? ['--test'] : [])];
   }
 
   private checkRestore(r: RunResult, payload: string): void {

@@ -128,6 +128,11 @@ async function sync(p: SyncPipeline, applier: Applier, objs: Objects, computed?:
   return applier.apply(rs);
 }
 
+/** What the applier writes into an empty namespace on its first sync (the jumps into the built-in chains included): the raw restores' payload. */
+function firstPayload(rs: Ruleset): string {
+  return restoreText(rs, { jumps: { nat: planJumps(rs, 'nat', undefined), filter: planJumps(rs, 'filter', undefined) } });
+}
+
 const ms = (t0: number) => performance.now() - t0;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
@@ -155,7 +160,7 @@ for (const n of sizes) {
   // The floor: iptables-restore of the same payload into an empty namespace,
   // the jumps from the built-in chains included, as the applier writes it.
   const planned = ruleset(pipeline(), objs);
-  const payload = restoreText(planned, { jumps: { nat: planJumps(planned, 'nat', undefined), filter: planJumps(planned, 'filter', undefined) } });
+  const payload = firstPayload(planned);
   const rules = [...planned.tables.nat.chains.values(), ...planned.tables.filter.chains.values()].reduce((a, r) => a + r.length, 0);
   const chains = planned.tables.nat.chains.size + planned.tables.filter.chains.size;
 
@@ -275,7 +280,7 @@ if (dualPorts > 0) {
     const model = p.model({ nodeAddresses: [NODE_IP, NODE_IP6], services: objs.services, slices: objs.slices });
     return { ipv4: p.ruleset(model.ipv4), ipv6: p.ruleset(model.ipv6) };
   })();
-  const payloads = Object.fromEntries(families.map((f) => [f, restoreText(planned[f], { jumps: { nat: planJumps(planned[f], 'nat', undefined), filter: planJumps(planned[f], 'filter', undefined) } })])) as Record<(typeof families)[number], string>;
+  const payloads = { ipv4: firstPayload(planned.ipv4), ipv6: firstPayload(planned.ipv6) };
   const agentDual = (together: boolean) =>
     withScratch(async (_s, xt, xt6) => {
       const p = pipeline();

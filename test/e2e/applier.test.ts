@@ -12,7 +12,6 @@ import { LOAD_BALANCER_CLASS, type Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
 
 const NODE_IP = '198.51.100.11';
-
 const NODE_IP6 = '2001:db8::11';
 
 /** A ruleset for `n` single-port Services; `moved` shifts one Service's endpoint. */
