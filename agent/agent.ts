@@ -15,6 +15,7 @@ import { slimEndpointSlice, slimNode, slimService } from '../lib/slim.ts';
 import { VERSION } from '../lib/version.ts';
 import { Applier, eachFamily } from './applier.ts';
 import { detectBackend } from './backend.ts';
+import { HeadStart } from './headstart.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
 import type { Model, Problem } from './model.ts';
@@ -81,8 +82,10 @@ export class Agent {
   private applyErrors = new Map<Family, string>();
   private lastProblems = new Set<string>();
   private dryRunApplied = new Map<Family, Ruleset>();
-  /** Created by the first sync; holds what later syncs reuse. */
-  private pipeline: SyncPipeline | undefined;
+  /** Holds what each sync leaves for the next to reuse. */
+  private readonly pipeline: SyncPipeline;
+  /** Feeds the pipeline while the informers first list; gone once the first sync starts. */
+  private headStart: HeadStart | undefined;
   private syncs = 0;
   /** Every cache holds its first list; before that a sync would render (and apply) a partial cluster. */
   private cachesSynced = false;
@@ -97,9 +100,40 @@ export class Agent {
     const backoff = { initialMs: 500, maxMs: 10_000 };
     // The caches keep only what the agent reads (lib/slim.ts): at 10,000
     // Services whole objects would be most of the agent's memory.
-    this.services = serviceInformer(deps.kc, { log: this.log, backoff, transform: slimService });
-    this.slices = endpointSliceInformer(deps.kc, { log: this.log, backoff, transform: slimEndpointSlice });
-    this.nodes = nodeInformer(deps.kc, { log: this.log, backoff, transform: slimNode, fieldSelector: `metadata.name=${cfg.nodeName}` });
+    this.services = serviceInformer(deps.kc, {
+      log: this.log,
+      backoff,
+      transform: slimService,
+      raw: true,
+      onListPage: (page) => this.listed((h) => h.servicesListed(page)),
+    });
+    this.slices = endpointSliceInformer(deps.kc, {
+      log: this.log,
+      backoff,
+      transform: slimEndpointSlice,
+      raw: true,
+      onListPage: (page) => this.listed((h) => h.slicesListed(page)),
+    });
+    this.nodes = nodeInformer(deps.kc, {
+      log: this.log,
+      backoff,
+      transform: slimNode,
+      raw: true,
+      fieldSelector: `metadata.name=${cfg.nodeName}`,
+      onListPage: (page) => {
+        const node = page.find((n) => n.metadata?.name === cfg.nodeName);
+        if (node) this.listed((h) => h.node(nodeAddresses(node)));
+      },
+    });
+    this.pipeline = new SyncPipeline({
+      nodeName: cfg.nodeName,
+      model: {
+        loadBalancerClass: contract.LOAD_BALANCER_CLASS,
+        defaultClass: cfg.defaultClass,
+        maxPortsPerService: cfg.maxPortsPerService,
+      },
+      render: { markBit: 1 << cfg.markBit },
+    });
     this.events = new EventRecorder({ kc: deps.kc, controller: 'pier.dev/agent', instance: cfg.nodeName, log: this.log });
     this.coalescer = new Coalescer((o) => this.sync(o), {
       minIntervalMs: cfg.minSyncIntervalMs,
@@ -139,9 +173,10 @@ export class Agent {
     this.services.onChange(onChange);
     this.slices.onChange(onChange);
     this.nodes.onChange(onChange);
-    // The first sync's iptables-save is read, and its iptables-restore
-    // started, while the informers list.
+    // The first sync's iptables-save is read, its iptables-restore started,
+    // and what each Service needs computed, while the informers list.
     for (const applier of this.appliers.values()) void applier.prepare();
+    this.headStart = new HeadStart(this.pipeline, this.renderedFamilies());
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
     this.cachesSynced = true;
@@ -240,8 +275,28 @@ export class Agent {
     return { apiVersion: 'v1', kind: 'Node', name: this.cfg.nodeName, uid: node?.metadata?.uid };
   }
 
+  /** The families a sync renders rules for. */
+  private renderedFamilies(): Family[] {
+    return this.cfg.dryRun ? [...contract.FAMILIES] : [...this.appliers.keys()];
+  }
+
+  /** Hands a listed page to the head start; a failure there only leaves the first sync more to do. */
+  private listed(feed: (h: HeadStart) => void): void {
+    const h = this.headStart;
+    if (!h) return;
+    try {
+      feed(h);
+    } catch (err) {
+      h.done();
+      this.headStart = undefined;
+      this.log.warn({ err: (err as Error).message }, 'computing rules while listing failed; the first sync computes them all');
+    }
+  }
+
   /** One sync: render from the informers' caches, apply per family. Never throws. */
   private async sync(opts: { verify: boolean }): Promise<void> {
+    this.headStart?.done();
+    this.headStart = undefined;
     const node = this.nodes.get(this.cfg.nodeName);
     if (!node) {
       // Without the Node its addresses are unknown; rendering nothing would
@@ -255,22 +310,13 @@ export class Agent {
     for (const applier of this.appliers.values()) void applier.prepare();
     // Incremental: the informers hand out the same object for an unchanged
     // Service or slice, so only what changed since the last sync is redone.
-    this.pipeline ??= new SyncPipeline({
-      nodeName: this.cfg.nodeName,
-      model: {
-        loadBalancerClass: contract.LOAD_BALANCER_CLASS,
-        defaultClass: this.cfg.defaultClass,
-        maxPortsPerService: this.cfg.maxPortsPerService,
-      },
-      render: { markBit: 1 << this.cfg.markBit },
-    });
     const model = this.pipeline.model({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
     this.report(model.problems);
 
     // Both families' rules first, then their restores: a restore reads its
     // input while this thread is free to write it, and nft runs the two side
     // by side (eachFamily).
-    const families = this.cfg.dryRun ? contract.FAMILIES : [...this.appliers.keys()];
+    const families = this.renderedFamilies();
     const planned = new Map<Family, { ruleset: Ruleset; renderMs: number }>();
     for (const family of families) {
       const started = performance.now();

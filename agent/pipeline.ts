@@ -63,6 +63,7 @@ import {
   treeTable,
   TREES,
   type GroupTree,
+  type PlanRules,
   type PortEntry,
   type RenderConfig,
   type Ruleset,
@@ -111,6 +112,33 @@ export class SyncPipeline {
     }
   }
 
+  /**
+   * Before the first sync, while the informers list: one listed Service's
+   * share of the model and its ports' rules, computed ahead so that the first
+   * sync, handed the same objects, finds them done. A guess that turns out
+   * wrong (the Node's addresses change, another slice arrives, the object is
+   * replaced) costs only the work: the sync checks every object by identity,
+   * as it does between syncs. After the first sync it does nothing.
+   */
+  warm(nodeAddresses: readonly string[], svc: V1Service, slices: readonly V1EndpointSlice[], families: readonly Family[]): void {
+    const ctxInput = { nodeName: this.config.nodeName, nodeAddresses: [...nodeAddresses], config: this.config.model };
+    try {
+      const result = this.incrementalModel.warm(ctxInput, svc, slices);
+      if (!result) return;
+      // Only the families the first sync renders: what is prepared is kept until then.
+      for (let i = 0; i < result.plans.length; i++) {
+        const plan = result.plans[i]!;
+        const family = planFamily(plan);
+        if (plan.frontends.length > 0 && families.includes(family)) this.renderers[family].prepare(plan);
+      }
+    } catch (err) {
+      // Nothing is lost: the first sync computes what is missing.
+      this.incrementalModel.reset();
+      for (const family of FAMILY_LIST) this.renderers[family].reset();
+      if (!(err instanceof Unexpected)) throw err;
+    }
+  }
+
   /** renderRuleset's result for one family's model; the previous Ruleset itself when the family model is the previous one. */
   ruleset(model: FamilyModel): Ruleset {
     const r = this.renderers[model.family];
@@ -152,6 +180,8 @@ type SliceSet = V1EndpointSlice | V1EndpointSlice[] | undefined;
 const FAMILY_LIST: readonly Family[] = ['ipv4', 'ipv6'];
 const NO_SLICES: readonly V1EndpointSlice[] = Object.freeze([]);
 
+type ContextInput = { nodeName: string; nodeAddresses: string[]; config: ModelConfig };
+
 class IncrementalModel {
   private ctx: ModelContext | undefined;
   private ctxKey = '';
@@ -182,16 +212,49 @@ class IncrementalModel {
     this.last = undefined;
   }
 
-  update(ctxInput: { nodeName: string; nodeAddresses: string[]; config: ModelConfig }, input: PipelineInput): Model {
+  /** The context results are computed in; a new one drops every cached result, which all depend on the node and the config. */
+  private context(ctxInput: ContextInput): ModelContext {
     const ctx = modelContext(ctxInput);
     const c = ctx.config;
     const key = JSON.stringify([ctx.nodeName, [...ctx.nodeAddresses.keys()], c.loadBalancerClass, c.defaultClass, c.maxPortsPerService]);
-    // Every cached result depends on the node and the config.
     if (key !== this.ctxKey) {
       this.reset();
       this.ctxKey = key;
     }
-    this.ctx ??= ctx;
+    return (this.ctx ??= ctx);
+  }
+
+  /**
+   * SyncPipeline.warm's model half: the Live a first update will find for
+   * this object and these slices, its result computed. Returns the result
+   * when it computed one.
+   */
+  warm(ctxInput: ContextInput, svc: V1Service, slices: readonly V1EndpointSlice[]): ServiceResult | undefined {
+    if (this.last) return undefined;
+    const ctx = this.context(ctxInput);
+    if (!safely(() => isPierService(svc, ctx.config))) return undefined;
+    const owner = serviceOwner(svc);
+    // The shape update() gives a Service's slices, in the order listed.
+    const set: SliceSet = slices.length === 0 ? undefined : slices.length === 1 ? slices[0] : [...slices];
+    let live = this.live.get(owner.id);
+    if (live && live.svc === svc && live.result && sameSlices(live.slices, set)) return undefined;
+    if (!live) {
+      live = { svc, owner, slices: set, result: undefined, finals: [], stamp: 0, current: true, next: undefined, nextStamp: 0 };
+      this.live.set(owner.id, live);
+    } else {
+      // The same Live: slices already warmed point at it.
+      live.svc = svc;
+      live.owner = owner;
+      live.slices = set;
+    }
+    live.result = serviceResult(svc, owner, slices, ctx);
+    this.byObject.set(svc, live);
+    for (let i = 0; i < slices.length; i++) this.sliceOwners.set(slices[i]!, live);
+    return live.result;
+  }
+
+  update(ctxInput: ContextInput, input: PipelineInput): Model {
+    this.context(ctxInput);
 
     // Slices go straight to their Service's Live: in a steady state that is a
     // lookup by identity, no map built per sync.
@@ -520,6 +583,23 @@ interface Group {
   tree: GroupTree | undefined;
 }
 
+/** What a renderer takes of a plan: its own chains, and its entries in each tree it appears in. */
+interface RenderedPlan {
+  own: PlanRules['own'];
+  entries: Partial<Record<TreeName, readonly PortEntry[]>>;
+}
+
+function renderPlan(plan: ServicePortPlan, family: Family, markBit: number): RenderedPlan {
+  const r = planRules(plan, family, markBit);
+  const entries: RenderedPlan['entries'] = {};
+  for (let t = 0; t < TREES.length; t++) {
+    const tree = TREES[t]!;
+    const rules = r.trees[tree];
+    if (rules) entries[tree] = planEntries(plan, tree, rules);
+  }
+  return { own: r.own, entries };
+}
+
 interface GroupEdit {
   /** Ports whose entry goes. */
   drop: Set<number>;
@@ -535,6 +615,8 @@ class IncrementalRenderer {
   /** Each tree's root chain as last assembled. */
   private roots = perTree((): string[] => []);
   private own: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
+  /** Plans rendered ahead of the first update (SyncPipeline.warm); none after it. */
+  private prepared: WeakMap<ServicePortPlan, RenderedPlan> | undefined = new WeakMap();
 
   constructor(family: Family, config: RenderConfig) {
     this.family = family;
@@ -547,6 +629,12 @@ class IncrementalRenderer {
     this.groups = perTree(() => new Map<string, Group>());
     this.roots = perTree((): string[] => []);
     this.own = { nat: new Map(), filter: new Map() };
+    this.prepared = undefined;
+  }
+
+  /** A plan the first update will add, rendered ahead. */
+  prepare(plan: ServicePortPlan): void {
+    this.prepared?.set(plan, renderPlan(plan, this.family, this.config.markBit));
   }
 
   update(model: FamilyModel): Ruleset {
@@ -600,9 +688,11 @@ class IncrementalRenderer {
       }
     }
     // Indexed loops: on a cold sync this runs for every plan (see model.ts).
+    const prepared = this.prepared;
+    this.prepared = undefined;
     for (let p = 0; p < added.length; p++) {
       const plan = added[p]!;
-      const r = planRules(plan, this.family, markBit);
+      const r = prepared?.get(plan) ?? renderPlan(plan, this.family, markBit);
       for (let k = 0; k < r.own.length; k++) {
         const c = r.own[k]!;
         if (this.own[c.table].has(c.name)) throw new Unexpected(`chain ${c.name} twice`);
@@ -613,9 +703,8 @@ class IncrementalRenderer {
       }
       for (let t = 0; t < TREES.length; t++) {
         const tree = TREES[t]!;
-        const rules = r.trees[tree];
-        if (!rules) continue;
-        const entries = planEntries(plan, tree, rules);
+        const entries = r.entries[tree];
+        if (!entries) continue;
         for (let k = 0; k < entries.length; k++) this.edit(edits[tree], tree, plan.frontends[k]!.address, plan.protocol).add.push(entries[k]!);
       }
     }

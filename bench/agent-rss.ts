@@ -2,8 +2,8 @@
 // this, compiled to JavaScript as the agent ships, and reads the JSON line it
 // prints). It holds what a real agent holds: the agent's module graph,
 // Services and EndpointSlices as the agent's informers cache them (each list
-// page's JSON text deserialised by client-node's ObjectSerializer into its
-// model classes, then projected by lib/slim.ts, kept in per-namespace maps),
+// page's JSON text parsed, as lib/rawlist.ts does, then projected by
+// lib/slim.ts, kept in per-namespace maps),
 // and pier's sync state after a full sync into a scratch namespace through
 // the Applier, then a no-op and a one-Service change as a watch event
 // delivers it (plain JSON, projected the same way). bench/agent-rss-live.ts
@@ -39,7 +39,6 @@ stages['node'] = await settle();
 // The agent's own module graph (client-node, prom-client, pino, pier's lib),
 // then what this measurement drives directly.
 await import('../agent/agent.ts');
-const { ObjectSerializer } = await import('@kubernetes/client-node/dist/gen/models/ObjectSerializer.js');
 const { SyncPipeline } = await import('../agent/pipeline.ts');
 const { Applier } = await import('../agent/applier.ts');
 const { Xtables, commandRunner } = await import('../agent/iptables.ts');
@@ -157,13 +156,13 @@ class Cache<T extends { metadata?: { namespace?: string; name?: string } }> {
   }
 }
 
-/** A list, in pages of 500 as the informer reads it, each page as the generated API client decodes it from the response text. */
+/** A list, in pages of 500 as the informer reads it, each page parsed from the response text as lib/rawlist.ts does. */
 function* listOf<T>(kind: string, item: (i: number) => object): Generator<T> {
   for (let start = 0; start < n; start += 500) {
     const items: string[] = [];
     for (let i = start; i < Math.min(n, start + 500); i++) items.push(JSON.stringify(item(i)));
     const text = `{"apiVersion":"v1","kind":"${kind}","metadata":{"resourceVersion":"300000"},"items":[${items.join(',')}]}`;
-    yield* ObjectSerializer.deserialize(ObjectSerializer.parse(text, 'application/json'), `V1${kind}`, '').items as T[];
+    yield* (JSON.parse(text) as { items: T[] }).items;
   }
 }
 

@@ -1,6 +1,7 @@
 // The collections pier watches, each as a ready-made ResilientInformer. The
-// agent passes a transform from lib/slim.ts to keep only what it reads; the
-// controller keeps whole objects (without managedFields).
+// agent passes a transform from lib/slim.ts to keep only what it reads, and
+// lists as parsed JSON (lib/rawlist.ts); the controller keeps whole objects
+// (without managedFields), listed through client-node's model classes.
 import {
   CoordinationV1Api,
   CoreV1Api,
@@ -13,8 +14,12 @@ import {
   type V1Service,
 } from '@kubernetes/client-node';
 import { ResilientInformer, type ResilientInformerOptions } from './informer.ts';
+import { rawLister } from './rawlist.ts';
 
-type Extra<T extends KubernetesObject> = Pick<ResilientInformerOptions<T>, 'log' | 'backoff' | 'labelSelector' | 'fieldSelector' | 'transform' | 'pageSize'>;
+type Extra<T extends KubernetesObject> = Pick<ResilientInformerOptions<T>, 'log' | 'backoff' | 'labelSelector' | 'fieldSelector' | 'transform' | 'pageSize' | 'onListPage'> & {
+  /** List as parsed JSON, the shape watch events have, instead of client-node's model classes (lib/rawlist.ts). */
+  raw?: boolean;
+};
 
 export function serviceInformer(kc: KubeConfig, extra: Extra<V1Service> = {}): ResilientInformer<V1Service> {
   const core = kc.makeApiClient(CoreV1Api);
@@ -22,7 +27,7 @@ export function serviceInformer(kc: KubeConfig, extra: Extra<V1Service> = {}): R
     kc,
     name: 'services',
     path: '/api/v1/services',
-    list: (page) => core.listServiceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
+    list: extra.raw ? rawLister(kc, '/api/v1/services', extra) : (page) => core.listServiceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
     ...extra,
   });
 }
@@ -33,7 +38,7 @@ export function nodeInformer(kc: KubeConfig, extra: Extra<V1Node> = {}): Resilie
     kc,
     name: 'nodes',
     path: '/api/v1/nodes',
-    list: (page) => core.listNode({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
+    list: extra.raw ? rawLister(kc, '/api/v1/nodes', extra) : (page) => core.listNode({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
     ...extra,
   });
 }
@@ -44,7 +49,9 @@ export function endpointSliceInformer(kc: KubeConfig, extra: Extra<V1EndpointSli
     kc,
     name: 'endpointslices',
     path: '/apis/discovery.k8s.io/v1/endpointslices',
-    list: (page) => discovery.listEndpointSliceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
+    list: extra.raw
+      ? rawLister(kc, '/apis/discovery.k8s.io/v1/endpointslices', extra)
+      : (page) => discovery.listEndpointSliceForAllNamespaces({ labelSelector: extra.labelSelector, fieldSelector: extra.fieldSelector, ...page }),
     ...extra,
   });
 }

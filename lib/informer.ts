@@ -37,6 +37,12 @@ export interface ResilientInformerOptions<T extends KubernetesObject> {
   transform?: (obj: T) => T;
   /** Objects per list page; default 500, as client-go. */
   pageSize?: number;
+  /**
+   * Each page of every list (the first and any relist), as it arrives: the
+   * very objects, transformed, that the cache will hold once the list is
+   * complete. Must not throw or change them.
+   */
+  onListPage?: (items: readonly T[]) => void;
   /** A short name for logs: "services". */
   name: string;
   labelSelector?: string;
@@ -103,24 +109,36 @@ export function dropManagedFields<O extends KubernetesObject>(obj: O): O {
  * arrives. A continue token that expires mid-way (410: the API server
  * compacted the snapshot the pages come from) starts the list over: the
  * pages must come from one snapshot, or the cache could miss a deletion.
+ *
+ * The next page is requested before this one is transformed and handed to
+ * `onPage`, so that the API server prepares it meanwhile.
  */
 export async function listAll<T extends KubernetesObject>(
   list: (page: ListPage) => Promise<KubernetesListObject<T>>,
   transform: (obj: T) => T,
   pageSize: number,
+  onPage?: (items: readonly T[]) => void,
 ): Promise<KubernetesListObject<T>> {
   for (let attempt = 1; ; attempt++) {
     const items: T[] = [];
     let resourceVersion = '';
     let next: string | undefined;
+    let request = list({ limit: pageSize });
     try {
-      do {
-        const page = await list(next === undefined ? { limit: pageSize } : { limit: pageSize, _continue: next });
+      for (;;) {
+        const page = await request;
+        next = page.metadata?._continue || undefined;
+        if (next !== undefined) {
+          request = list({ limit: pageSize, _continue: next });
+          // Awaited next time round, unless this page fails first.
+          request.catch(() => undefined);
+        }
+        const from = items.length;
         for (const item of page.items ?? []) items.push(transform(item));
         resourceVersion = page.metadata?.resourceVersion ?? resourceVersion;
-        next = page.metadata?._continue || undefined;
-      } while (next !== undefined);
-      return { apiVersion: 'v1', kind: 'List', metadata: { resourceVersion }, items };
+        onPage?.(items.slice(from));
+        if (next === undefined) return { apiVersion: 'v1', kind: 'List', metadata: { resourceVersion }, items };
+      }
     } catch (err) {
       const code = (err as { code?: unknown; statusCode?: unknown }).code ?? (err as { statusCode?: unknown }).statusCode;
       if (next === undefined || code !== 410 || attempt >= 3) throw err;
@@ -156,7 +174,7 @@ export class ResilientInformer<T extends KubernetesObject> {
     const transform = opts.transform ?? dropManagedFields;
     this.watch = new BookmarkingWatch(opts.kc, () => this.onWatchStage(), transform);
     const pageSize = opts.pageSize ?? 500;
-    const list = () => listAll(opts.list, transform, pageSize);
+    const list = () => listAll(opts.list, transform, pageSize, opts.onListPage);
     this.lw = new ListWatch<T>(opts.path, this.watch, list, false, opts.labelSelector, opts.fieldSelector);
     this.lw.on('error', (err) => this.onError(err));
   }

@@ -6,6 +6,7 @@ import { CoreV1Api, PatchStrategy, setHeaderOptions, type V1Service } from '@kub
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { serviceInformer } from '../../lib/collections.ts';
 import { ResilientInformer, type ListPage } from '../../lib/informer.ts';
+import { ListError, rawLister } from '../../lib/rawlist.ts';
 import { slimService } from '../../lib/slim.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { lbService } from '../support/objects.ts';
@@ -87,6 +88,34 @@ describe('informer: paged lists and slim objects', () => {
 
     await core.deleteNamespacedService({ name: 'svc-4', namespace: NS });
     await eventually('the deletion in the cache', () => informer.get('svc-4', NS) === undefined);
+  });
+
+  it('lists as parsed JSON (the agent\'s way) exactly what client-node\'s model classes hold, page by page; a refused page fails with its status', async () => {
+    const raw = rawLister<V1Service>(cp.admin, `/api/v1/namespaces/${NS}/services`);
+    const rawItems: V1Service[] = [];
+    const tokens: (string | undefined)[] = [];
+    let next: string | undefined;
+    do {
+      const page = await raw(next === undefined ? { limit: 4 } : { limit: 4, _continue: next });
+      expect(page.items.length).toBeLessThanOrEqual(4);
+      rawItems.push(...page.items);
+      next = page.metadata?._continue || undefined;
+      tokens.push(next);
+    } while (next !== undefined);
+    expect(tokens.length).toBeGreaterThan(2);
+    const typed = (await core.listNamespacedService({ namespace: NS })).items;
+    // The same content; only the timestamp's type differs (a string as JSON has it, a Date from ObjectSerializer), as in watch events.
+    const plain = (svc: V1Service) => {
+      const slim = slimService(svc);
+      return { ...slim, metadata: { ...slim.metadata, creationTimestamp: new Date(slim.metadata!.creationTimestamp!).getTime() } };
+    };
+    expect(rawItems.map(plain)).toEqual(typed.map(plain));
+    expect(typeof rawItems[0]!.metadata!.creationTimestamp).toBe('string');
+
+    const refused = await raw({ limit: 4, _continue: 'not-a-continue-token' }).catch((err: unknown) => err);
+    expect(refused).toBeInstanceOf(ListError);
+    expect((refused as ListError).code).toBe(400);
+    expect((refused as ListError).message).toMatch(/continue/i);
   });
 
   it("keeps whole objects without managedFields for callers with no transform (the controller's)", async () => {

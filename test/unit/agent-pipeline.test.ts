@@ -8,6 +8,7 @@ import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel, type Model } from '../../agent/model.ts';
+import { HeadStart } from '../../agent/headstart.ts';
 import { SyncPipeline } from '../../agent/pipeline.ts';
 import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
 import { restoreText } from '../../agent/restore.ts';
@@ -215,6 +216,91 @@ describe('SyncPipeline', () => {
     for (const kind of ['replaceService', 'addService', 'deleteService', 'recreateService', 'touchService', 'duplicateService', 'cloneService', 'replaceSlice', 'addSlice', 'deleteSlice', 'nodeAddresses', 'conflict']) {
       expect(seen.get(kind) ?? 0, kind).toBeGreaterThan(20);
     }
+  });
+
+  it('warmed while the lists arrive (any pages, any order, the Node early, late or elsewhere), the first sync and the later ones equal buildModel and renderRuleset', () => {
+    const seen = new Map<string, number>();
+    const count = (what: string) => seen.set(what, (seen.get(what) ?? 0) + 1);
+    fc.assert(
+      fc.property(
+        worldArb,
+        poolArb,
+        fc.record({
+          servicePage: fc.integer({ min: 1, max: 4 }),
+          slicePage: fc.integer({ min: 1, max: 4 }),
+          order: fc.array(fc.boolean(), { maxLength: 40 }),
+          nodeAt: fc.nat({ max: 12 }),
+          // The Node's addresses when listed; the sync's may differ (another Node object since).
+          nodePick: fc.option(fc.array(fc.boolean(), { minLength: 6, maxLength: 6 }), { freq: 3 }),
+          families: fc.subarray([...FAMILIES]),
+        }),
+        fc.array(opArb, { maxLength: 4 }),
+        fc.array(opArb, { maxLength: 4 }),
+        (world, pool, listing, before, after) => {
+          const start = toInput(world);
+          const s: State = { nodeAddresses: [...NODE_V4, ...NODE_V6], services: [...start.services], slices: [...start.slices], deleted: [], serial: 0 };
+          const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+          const head = new HeadStart(pipeline, listing.families);
+          const listedAddresses = listing.nodePick ? ALL_NODE_ADDRESSES.filter((_, i) => listing.nodePick![i]) : s.nodeAddresses;
+          const pages = <T>(list: T[], size: number) => Array.from({ length: Math.ceil(list.length / size) }, (_, i) => list.slice(i * size, (i + 1) * size));
+          const servicePages = pages(s.services, listing.servicePage);
+          const slicePages = pages(s.slices, listing.slicePage);
+          let step_ = 0;
+          const nodeNow = () => {
+            if (step_++ === listing.nodeAt) head.node(listedAddresses);
+          };
+          let i = 0;
+          while (servicePages.length > 0 || slicePages.length > 0) {
+            nodeNow();
+            const servicesNext = slicePages.length === 0 || (servicePages.length > 0 && (listing.order[i++] ?? true));
+            if (servicesNext) head.servicesListed(servicePages.shift()!);
+            else head.slicesListed(slicePages.shift()!);
+          }
+          if (step_ <= listing.nodeAt) head.node(listedAddresses);
+          head.done();
+          count(listing.nodePick ? 'other addresses' : 'the same addresses');
+          if (before.length > 0) count('changed before the sync');
+
+          for (const [k, op] of [...before, { kind: 'noop' } as Op, ...after].entries()) {
+            step(s, op, pool);
+            // Each op of `before` changes what was listed; the sync comes after the noop.
+            if (k < before.length) continue;
+            const input = { nodeAddresses: [...s.nodeAddresses], services: [...s.services], slices: [...s.slices] };
+            const model = pipeline.model(input);
+            const pure = buildModel({ nodeName: NODE, config: CONFIG, ...input });
+            expect(model).toStrictEqual(pure);
+            for (const f of FAMILIES) expect(pipeline.ruleset(model[f])).toStrictEqual(renderRuleset(pure[f], { markBit: MARK }));
+          }
+        },
+      ),
+      { numRuns: 250 },
+    );
+    for (const what of ['other addresses', 'the same addresses', 'changed before the sync']) expect(seen.get(what) ?? 0, what).toBeGreaterThan(20);
+  });
+
+  it('the first sync takes what was warmed while listing, by identity', () => {
+    const svc: V1Service = {
+      metadata: { namespace: 'ns', name: 'web' },
+      spec: { type: 'LoadBalancer', loadBalancerClass: CONFIG.loadBalancerClass, ports: [{ name: 'p', port: 80, protocol: 'TCP' }] },
+      status: { loadBalancer: { ingress: [{ ip: NODE_V4[0]!, ports: [{ port: 80, protocol: 'TCP' }] }] } },
+    };
+    const slice: V1EndpointSlice = {
+      metadata: { namespace: 'ns', name: 'web-1', labels: { 'kubernetes.io/service-name': 'web' } },
+      addressType: 'IPv4',
+      endpoints: [{ addresses: ['198.18.0.1'], nodeName: NODE, conditions: { ready: true } }],
+      ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
+    };
+    const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+    const head = new HeadStart(pipeline, ['ipv4']);
+    head.slicesListed([slice]);
+    head.node([...NODE_V4]);
+    head.servicesListed([svc]);
+    head.done();
+    // No informer changes an object in place; here it shows which content the sync used.
+    slice.endpoints![0]!.addresses = ['198.18.0.2'];
+    const rules = [...pipeline.ruleset(pipeline.model({ nodeAddresses: [...NODE_V4], services: [svc], slices: [slice] }).ipv4).tables.nat.chains.values()].flat().join('\n');
+    expect(rules).toContain('198.18.0.1:8080');
+    expect(rules).not.toContain('198.18.0.2');
   });
 
   it('at scale, rewrites only the chains on a changed port\'s path and keeps every other chain by identity', () => {

@@ -269,6 +269,17 @@ describe('listAll', () => {
     expect(p.calls).toEqual([{ limit: 10 }, { limit: 10, _continue: '10' }, { limit: 10, _continue: '20' }]);
   });
 
+  it('hands over each page as it arrives, the next one already requested, as the very objects the list returns', async () => {
+    const p = pager(items);
+    const handed: { names: string[]; requested: number; objects: V1Service[] }[] = [];
+    const out = await listAll(p.list, dropManagedFields, 10, (page) => handed.push({ names: page.map((i) => i.metadata!.name!), requested: p.calls.length, objects: [...page] }));
+    expect(handed.map((h) => h.names)).toEqual([0, 10, 20].map((from) => items.slice(from, from + 10).map((i) => i.metadata!.name!)));
+    // Pages 2 and 3 were on their way while pages 1 and 2 were handed over.
+    expect(handed.map((h) => h.requested)).toEqual([2, 3, 3]);
+    expect(handed.flatMap((h) => h.objects)).toEqual(out.items);
+    handed.flatMap((h) => h.objects).forEach((o, i) => expect(o).toBe(out.items[i]));
+  });
+
   it('starts over when a continue token expires, so all pages come from one snapshot', async () => {
     const p = pager(items, { expireAt: 20 });
     const out = await listAll(p.list, (x) => x, 10);
