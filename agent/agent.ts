@@ -99,26 +99,14 @@ export class Agent {
     this.metrics = agentMetrics();
     const backoff = { initialMs: 500, maxMs: 10_000 };
     // The caches keep only what the agent reads (lib/slim.ts): at 10,000
-    // Services whole objects would be most of the agent's memory.
-    this.services = serviceInformer(deps.kc, {
-      log: this.log,
-      backoff,
-      transform: slimService,
-      raw: true,
-      onListPage: (page) => this.listed((h) => h.servicesListed(page)),
-    });
-    this.slices = endpointSliceInformer(deps.kc, {
-      log: this.log,
-      backoff,
-      transform: slimEndpointSlice,
-      raw: true,
-      onListPage: (page) => this.listed((h) => h.slicesListed(page)),
-    });
+    // Services whole objects would be most of the agent's memory. Lists are
+    // read as JSON (lib/rawlist.ts), each page handed to the head start as it lands.
+    const informing = { log: this.log, backoff, raw: true };
+    this.services = serviceInformer(deps.kc, { ...informing, transform: slimService, onListPage: (page) => this.listed((h) => h.servicesListed(page)) });
+    this.slices = endpointSliceInformer(deps.kc, { ...informing, transform: slimEndpointSlice, onListPage: (page) => this.listed((h) => h.slicesListed(page)) });
     this.nodes = nodeInformer(deps.kc, {
-      log: this.log,
-      backoff,
+      ...informing,
       transform: slimNode,
-      raw: true,
       fieldSelector: `metadata.name=${cfg.nodeName}`,
       onListPage: (page) => {
         const node = page.find((n) => n.metadata?.name === cfg.nodeName);

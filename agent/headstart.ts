@@ -14,7 +14,7 @@
 // the sync checks each object by identity and recomputes what does not match.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
-import { serviceOwner, sliceServiceId } from './model.ts';
+import { serviceId, sliceServiceId } from './model.ts';
 import type { SyncPipeline } from './pipeline.ts';
 
 export class HeadStart {
@@ -45,7 +45,7 @@ export class HeadStart {
   servicesListed(page: readonly V1Service[]): void {
     if (this.over) return;
     for (const svc of page) {
-      const id = serviceOwner(svc).id;
+      const id = serviceId(svc);
       this.services.set(id, svc);
       const slices = this.slices.get(id);
       if (slices) this.warm(svc, slices);

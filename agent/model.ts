@@ -181,9 +181,14 @@ export function sliceServiceId(slice: V1EndpointSlice): string | undefined {
   return [slice.metadata?.namespace ?? '', '/', svcName].join('');
 }
 
+/** `namespace/name` of a Service: the id sliceServiceId gives its slices. */
+export function serviceId(svc: V1Service): string {
+  return [svc.metadata?.namespace ?? '', '/', svc.metadata?.name ?? ''].join('');
+}
+
 export function serviceOwner(svc: V1Service): ServiceIdentity {
   try {
-    return { id: [svc.metadata?.namespace ?? '', '/', svc.metadata?.name ?? ''].join(''), created: timestamp(svc.metadata?.creationTimestamp) };
+    return { id: serviceId(svc), created: timestamp(svc.metadata?.creationTimestamp) };
   } catch {
     return { id: '/', created: Number.POSITIVE_INFINITY };
   }

@@ -310,11 +310,12 @@ if (sizes.includes(perRuleN)) {
 if (dualPorts > 0) {
   const objs = dualObjects(dualPorts);
   const families = ['ipv4', 'ipv6'] as const;
-  const planned = (() => {
-    const p = pipeline();
-    const model = p.model({ nodeAddresses: [NODE_IP, NODE_IP6], services: objs.services, slices: objs.slices });
+  /** Agent.sync's rules for both families. */
+  const rulesets = (p: SyncPipeline) => {
+    const model = p.model({ nodeAddresses: [NODE_IP, NODE_IP6], services: [...objs.services], slices: [...objs.slices] });
     return { ipv4: p.ruleset(model.ipv4), ipv6: p.ruleset(model.ipv6) };
-  })();
+  };
+  const planned = rulesets(pipeline());
   const payloads = { ipv4: firstPayload(planned.ipv4), ipv6: firstPayload(planned.ipv6) };
   const agentDual = (together: boolean) =>
     withScratch(async (_s, xt, xt6) => {
@@ -324,8 +325,7 @@ if (dualPorts > 0) {
       const listed = listAhead(p, objs, [NODE_IP, NODE_IP6], [...families]);
       const t0 = performance.now();
       listed();
-      const model = p.model({ nodeAddresses: [NODE_IP, NODE_IP6], services: [...objs.services], slices: [...objs.slices] });
-      const rs = { ipv4: p.ruleset(model.ipv4), ipv6: p.ruleset(model.ipv6) };
+      const rs = rulesets(p);
       const apply = (f: (typeof families)[number]) => appliers[f].apply(rs[f]);
       if (together) await eachFamily(backend, families, apply);
       else for (const f of families) await apply(f);
