@@ -40,7 +40,6 @@ import { ensureNamespace, registerNode, startControlPlane } from '../test/cluste
 import { inParallel } from '../test/support/fleet.ts';
 import { node as nodeObject, lbService } from '../test/support/objects.ts';
 import { bundleInto } from '../scripts/bundle.ts';
-import { nodeFlags, parseDockerfile } from '../test/support/dockerfile.ts';
 import { ROOT } from './transpile.ts';
 
 const NS = 'bench';
@@ -102,9 +101,18 @@ function bundledAgent(): Promise<string> {
   return bundleInto(join(ROOT, '.cache', 'bench-rss-live'));
 }
 
-/** The Node flags Dockerfile.agent's ENTRYPOINT runs the agent with. */
+/**
+ * The Node flags Dockerfile.agent's ENTRYPOINT runs the agent with: those
+ * between `node` and the script of its last `ENTRYPOINT ["node", ...]` line.
+ * (test/integration/images.test.ts checks the built image's against
+ * bench:agent's.)
+ */
 function shippedNodeFlags(): string[] {
-  return nodeFlags(parseDockerfile(readFileSync(join(ROOT, 'Dockerfile.agent'), 'utf8')).stages.at(-1)!);
+  const lines = readFileSync(join(ROOT, 'Dockerfile.agent'), 'utf8').split('\n');
+  const entrypoint = lines.filter((l) => l.startsWith('ENTRYPOINT ')).at(-1);
+  const argv = entrypoint ? (JSON.parse(entrypoint.slice('ENTRYPOINT '.length)) as string[]) : [];
+  if (argv[0] !== 'node' || argv.length < 2) throw new Error(`Dockerfile.agent: no ENTRYPOINT ["node", ...flags, script] line (found ${JSON.stringify(entrypoint)})`);
+  return argv.slice(1, -1);
 }
 
 interface Memory {

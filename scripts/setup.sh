@@ -12,12 +12,20 @@ runtime_only=false
 
 # Debian packages: iptables (nft and legacy), iproute2 for namespaces,
 # conntrack for inspecting connections, openssl for the test CA, util-linux
-# for setpriv. Go comes with the machine (/usr/local/go) or from Debian.
+# for setpriv and nsenter. Go comes with the machine (/usr/local/go) or from
+# Debian.
 need=()
 if ! $runtime_only; then
-  for pair in iptables:iptables ip6tables:iptables ip:iproute2 conntrack:conntrack openssl:openssl setpriv:util-linux; do
+  # The real-node tests add a container runtime and an image builder:
+  # containerd, runc and the CNI plugins for the nodes, nft for kube-proxy's
+  # nftables mode, buildah and mmdebstrap for the images (base images are
+  # built locally: no registry is reachable), gcc and libc6-dev for the pause
+  # binary.
+  for pair in iptables:iptables ip6tables:iptables ip:iproute2 conntrack:conntrack openssl:openssl setpriv:util-linux \
+    containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins nft:nftables \
+    buildah:buildah mmdebstrap:mmdebstrap gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev; do
     cmd="${pair%%:*}" pkg="${pair#*:}"
-    command -v "$cmd" >/dev/null || need+=("$pkg")
+    if [[ "$cmd" == /* ]]; then [[ -e "$cmd" ]] || need+=("$pkg"); else command -v "$cmd" >/dev/null || need+=("$pkg"); fi
   done
   [[ -x /usr/local/go/bin/go ]] && export PATH="/usr/local/go/bin:$PATH"
   command -v go >/dev/null || need+=(golang-go)

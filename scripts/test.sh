@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: set-up (idempotent), typecheck, build, then every
-# vitest project: unit, integration (real kube-apiserver) and e2e (network
-# namespaces; needs root). Extra arguments go to vitest, e.g. `--project unit`.
+# The whole test suite: set-up (idempotent), the cluster and image builds
+# (cached), typecheck, build, then every vitest project: unit, integration
+# (real kube-apiserver) and e2e (network namespaces and real nodes; needs
+# root). Extra arguments go to vitest, e.g. `--project unit`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -9,6 +10,9 @@ cd "$root"
 bash scripts/setup.sh
 source scripts/node-env.sh
 export PIER_CLUSTER_BIN_DIR="$(bash test/cluster/build.sh)"
+# pier's two images, the pause image and the test pods' echo image, built by
+# buildah from their Dockerfiles (cached in .cache/images).
+export PIER_IMAGES_DIR="$(bash test/images/build.sh)"
 
 echo "[test] typecheck and build" >&2
 npx tsc -p tsconfig.json

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, etcd and kubectl from Go modules into
-# .cache/cluster/<stamp>/. kubectl renders deploy/ (its built-in kustomize) and
-# applies it in the deploy tests and the demo.
+# Builds a whole Kubernetes from Go modules into .cache/cluster/<stamp>/: etcd,
+# kube-apiserver, kubectl, and for the real nodes kube-controller-manager,
+# kube-scheduler, kubelet and kube-proxy, all from one k8s.io/kubernetes
+# version. kubectl renders deploy/ (its built-in kustomize) and applies it in
+# the deploy tests and the demo.
 # The stamp hashes the pinned versions (go.mod, go.sum) and this script, so a
 # warm cache costs nothing and a version bump rebuilds. Prints the directory
 # holding the binaries on stdout; progress goes to stderr.
@@ -13,7 +15,10 @@ mod="$here/build"
 stamp="$(cat "$mod/go.mod" "$mod/go.sum" "$mod/etcd/main.go" "$here/build.sh" | sha256sum | cut -c1-16)"
 out="${PIER_CLUSTER_BIN_DIR:-$root/.cache/cluster/$stamp}"
 
-if [[ -x "$out/kube-apiserver" && -x "$out/etcd" && -x "$out/kubectl" ]]; then
+k8s_commands=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
+have_all=true
+for b in etcd "${k8s_commands[@]}"; do [[ -x "$out/$b" ]] || have_all=false; done
+if $have_all; then
   echo "$out"
   exit 0
 fi
@@ -55,7 +60,7 @@ build() {
   fi
 }
 
-echo "[cluster] building kube-apiserver and kubectl $k8s_version, etcd $etcd_version into $out (first build takes a while)" >&2
+echo "[cluster] building ${k8s_commands[*]} $k8s_version and etcd $etcd_version into $out (the first build takes 20 to 30 minutes on two cores)" >&2
 start=$SECONDS
 
 # kube-apiserver reports the version it was stamped with; client libraries and
@@ -68,14 +73,13 @@ ldflags+=" -X $ver_pkg.gitMinor=$(echo "$k8s_version" | sed -E 's/^v[0-9]+\.([0-
 ldflags+=" -X $ver_pkg.gitTreeState=clean"
 ldflags+=" -X $ver_pkg.buildDate=1970-01-01T00:00:00Z"
 
-build kube-apiserver -ldflags "$ldflags" -o "$tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
-echo "[cluster] kube-apiserver built after $((SECONDS - start))s" >&2
-
 build etcd -ldflags "-s -w" -o "$tmp/etcd" ./etcd
 echo "[cluster] etcd built after $((SECONDS - start))s" >&2
 
-build kubectl -ldflags "$ldflags" -o "$tmp/kubectl" k8s.io/kubernetes/cmd/kubectl
-echo "[cluster] kubectl built after $((SECONDS - start))s" >&2
+for cmd in "${k8s_commands[@]}"; do
+  build "$cmd" -ldflags "$ldflags" -o "$tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+  echo "[cluster] $cmd built after $((SECONDS - start))s" >&2
+done
 
 rm -f "$tmp"/*.build.log
 rm -rf "$out"

@@ -1,7 +1,9 @@
 // A real, throw-away Kubernetes control plane: etcd and kube-apiserver built
 // from Go modules (build.sh), on loopback or an address the lab's node
-// namespaces reach, with RBAC on. There is no kubelet or controller-manager:
-// tests create every object themselves.
+// namespaces reach, with RBAC on. By default there is no controller-manager:
+// tests create every object themselves. With `controllers`, the control plane
+// is whole (kube-controller-manager, kube-scheduler, the Node authorizer and
+// the kubernetes Service's endpoints), for real nodes (node.ts) to join.
 import { appendFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request } from 'node:https';
 import { tmpdir } from 'node:os';
@@ -12,11 +14,13 @@ import { CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, type V1Node } f
 import { execa, type ResultPromise } from 'execa';
 import { atExit, isAlive } from '../support/cleanup.ts';
 import { freePort } from '../support/ports.ts';
-import { createPki, type Pki } from './pki.ts';
+import { createPki, issueClientCert, type Pki } from './pki.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const TMP_PREFIX = 'pier-cp-';
 const exited = new WeakSet<ResultPromise>();
+/** What build.sh builds; node.ts runs the last three on each node. */
+export const CLUSTER_BINARIES = ['etcd', 'kube-apiserver', 'kubectl', 'kube-controller-manager', 'kube-scheduler', 'kubelet', 'kube-proxy'] as const;
 
 /** Service ranges inside documentation space, disjoint from the lab's pod and node ranges. */
 export const SERVICE_CIDRS = ['198.18.0.0/16', '2001:db8:ffff::/112'];
@@ -26,6 +30,8 @@ export interface ControlPlaneOptions {
   address?: string;
   /** Extra `--flag=value` arguments for kube-apiserver. */
   apiserverArgs?: string[];
+  /** Also runs kube-controller-manager and kube-scheduler; needs an `address` pods can reach (not loopback). */
+  controllers?: boolean;
 }
 
 export interface ControlPlane {
@@ -47,6 +53,10 @@ export interface ControlPlane {
   restartApiServer(): Promise<void>;
   /** Another API server on the same etcd (an HA replica), for changes while the first is down. */
   startExtraApiServer(): Promise<{ server: string; admin: KubeConfig; stop: () => Promise<void> }>;
+  /** The CA and keys, for components that join (kubelets, kube-proxy). */
+  readonly pki: Pki;
+  /** Writes a kubeconfig authenticating with a new client certificate for `cn` in groups `orgs`. */
+  clientKubeconfig(name: string, cn: string, orgs?: string[]): Promise<string>;
   /** Stops everything and removes every temporary file. Safe to call twice. */
   stop(): Promise<void>;
 }
@@ -54,7 +64,7 @@ export interface ControlPlane {
 /** Runs build.sh (a no-op when cached) and returns the folder with the binaries. */
 export async function ensureBinaries(): Promise<string> {
   const fromEnv = process.env['PIER_CLUSTER_BIN_DIR'];
-  if (fromEnv && ['kube-apiserver', 'etcd', 'kubectl'].every((b) => existsSync(join(fromEnv, b)))) return fromEnv;
+  if (fromEnv && CLUSTER_BINARIES.every((b) => existsSync(join(fromEnv, b)))) return fromEnv;
   const { stdout } = await execa('bash', [join(HERE, 'build.sh')], { stderr: 'inherit' });
   return stdout.trim();
 }
@@ -84,6 +94,9 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
   sweepStaleControlPlanes();
   const bin = await ensureBinaries();
   const address = opts.address ?? '127.0.0.1';
+  if (opts.controllers && (address.startsWith('127.') || address === '::1')) {
+    throw new Error('a control plane with controllers needs an address pods can reach, not loopback');
+  }
   const dir = mkdtempSync(join(tmpdir(), TMP_PREFIX));
   writeFileSync(join(dir, 'owner.pid'), String(process.pid));
   const children = new Set<ResultPromise>();
@@ -127,7 +140,8 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     writeFileSync(join(dir, 'tokens.csv'), `${adminToken},pier-test-admin,pier-test-admin,"system:masters"\n`);
 
     const etcdUrl = await startEtcd(bin, dir, spawn);
-    const apiArgs = (port: number) => apiserverArgs(dir, pki, etcdUrl, address, port, opts.apiserverArgs ?? []);
+    const extraArgs = [...(opts.controllers ? await wholeClusterArgs(pki) : []), ...(opts.apiserverArgs ?? [])];
+    const apiArgs = (port: number) => apiserverArgs(dir, pki, etcdUrl, address, port, extraArgs);
 
     const port = await freePort(address);
     let api = spawn('kube-apiserver', join(bin, 'kube-apiserver'), apiArgs(port));
@@ -140,6 +154,20 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     writeFileSync(adminKubeconfigPath, admin.exportConfig());
 
     const core = admin.makeApiClient(CoreV1Api);
+    const clientKubeconfig = async (name: string, cn: string, orgs: string[] = []) => {
+      const { cert, key } = await issueClientCert(pki, name, cn, orgs);
+      const file = join(dir, `${name}.kubeconfig`);
+      const kc = new KubeConfig();
+      kc.loadFromOptions({
+        clusters: [{ name: 'pier-test', server, caFile: pki.caCert }],
+        users: [{ name: cn, certFile: cert, keyFile: key }],
+        contexts: [{ name: 'pier-test', cluster: 'pier-test', user: cn }],
+        currentContext: 'pier-test',
+      });
+      writeFileSync(file, kc.exportConfig(), { mode: 0o600 });
+      return file;
+    };
+    if (opts.controllers) await startControllers(bin, dir, pki, spawn, clientKubeconfig);
 
     return {
       server,
@@ -195,6 +223,8 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
           stop: () => terminate(extra.child),
         };
       },
+      pki,
+      clientKubeconfig,
       stop: stopAll,
     };
   } catch (err) {
@@ -233,6 +263,7 @@ async function startEtcd(bin: string, dir: string, spawn: Spawn): Promise<string
   return client;
 }
 
+/** The flags of every test API server; a flag in `extra` replaces the default of the same name. */
 function apiserverArgs(dir: string, pki: Pki, etcd: string, address: string, port: number, extra: string[]): string[] {
   return [
     `--etcd-servers=${etcd}`,
@@ -255,8 +286,63 @@ function apiserverArgs(dir: string, pki: Pki, etcd: string, address: string, por
     // Nothing in the test cluster uses the kubernetes Service's endpoints,
     // and the reconciler refuses loopback advertise addresses.
     '--endpoint-reconciler-type=none',
-    ...extra,
+  ].filter((flag) => !extra.some((e) => e.split('=')[0] === flag.split('=')[0])).concat(extra);
+}
+
+/**
+ * kube-apiserver flags of a cluster with nodes: kubelets are authorised as
+ * nodes (the Node authorizer, NodeRestriction is on by default), the
+ * apiserver authenticates to kubelets for logs and exec, and it publishes its
+ * own address as the kubernetes Service's endpoint, which pods reach through
+ * kube-proxy.
+ */
+async function wholeClusterArgs(pki: Pki): Promise<string[]> {
+  const kubeletClient = await issueClientCert(pki, 'apiserver-kubelet-client', 'kube-apiserver-kubelet-client', ['system:masters']);
+  return [
+    '--authorization-mode=Node,RBAC',
+    '--endpoint-reconciler-type=lease',
+    `--kubelet-client-certificate=${kubeletClient.cert}`,
+    `--kubelet-client-key=${kubeletClient.key}`,
+    '--kubelet-preferred-address-types=InternalIP',
   ];
+}
+
+type ClientKubeconfig = (name: string, cn: string, orgs?: string[]) => Promise<string>;
+
+/**
+ * kube-controller-manager (EndpointSlices, Deployments, DaemonSets, node
+ * lifecycle, the kube-root-ca.crt ConfigMap pods mount) and kube-scheduler,
+ * each with the identity its bootstrap RBAC expects. No serving port: nothing
+ * scrapes them, and two control planes must not collide on fixed ports.
+ */
+async function startControllers(bin: string, dir: string, pki: Pki, spawn: Spawn, kubeconfig: ClientKubeconfig): Promise<void> {
+  const kcm = await kubeconfig('kube-controller-manager', 'system:kube-controller-manager');
+  spawn('kube-controller-manager', join(bin, 'kube-controller-manager'), [
+    `--kubeconfig=${kcm}`,
+    `--authentication-kubeconfig=${kcm}`,
+    `--authorization-kubeconfig=${kcm}`,
+    '--secure-port=0',
+    '--leader-elect=false',
+    '--use-service-account-credentials=true',
+    `--service-account-private-key-file=${pki.saPrivate}`,
+    `--root-ca-file=${pki.caCert}`,
+    `--cluster-signing-cert-file=${pki.caCert}`,
+    `--cluster-signing-key-file=${pki.caKey}`,
+    '--allocate-node-cidrs=false',
+    `--service-cluster-ip-range=${SERVICE_CIDRS.join(',')}`,
+    // A test node that stops is gone for good: notice it within seconds.
+    '--node-monitor-grace-period=20s',
+    '--v=1',
+  ]);
+  const scheduler = await kubeconfig('kube-scheduler', 'system:kube-scheduler');
+  spawn('kube-scheduler', join(bin, 'kube-scheduler'), [
+    `--kubeconfig=${scheduler}`,
+    `--authentication-kubeconfig=${scheduler}`,
+    `--authorization-kubeconfig=${scheduler}`,
+    '--secure-port=0',
+    '--leader-elect=false',
+    '--v=1',
+  ]);
 }
 
 async function waitReady(server: string, ca: string, token: string, api: { child: ResultPromise; log: string }): Promise<void> {

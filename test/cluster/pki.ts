@@ -1,9 +1,11 @@
 // Certificates and keys for a throw-away control plane: a CA, a serving
-// certificate for kube-apiserver, and the service-account signing key pair.
+// certificate for kube-apiserver, the service-account signing key pair, and
+// client certificates for the components that authenticate as themselves
+// (kubelets as system:node:<name>, kube-proxy, the scheduler...).
 // openssl does the X.509 work (node:crypto cannot issue certificates).
 import { generateKeyPairSync } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { execa } from 'execa';
 
 export interface Pki {
@@ -40,6 +42,10 @@ export async function createPki(dir: string, sans: { ips: string[]; dns: string[
       'keyUsage = critical,digitalSignature,keyEncipherment',
       'extendedKeyUsage = serverAuth',
       `subjectAltName = ${[...sans.ips.map((i) => `IP:${i}`), ...sans.dns.map((d) => `DNS:${d}`)].join(',')}`,
+      '[client]',
+      'basicConstraints = critical,CA:FALSE',
+      'keyUsage = critical,digitalSignature,keyEncipherment',
+      'extendedKeyUsage = clientAuth',
       '',
     ].join('\n'),
   );
@@ -62,4 +68,19 @@ export async function createPki(dir: string, sans: { ips: string[]; dns: string[
     saPrivate: p('sa.key'),
     caPem: readFileSync(p('ca.crt'), 'utf8'),
   };
+}
+
+/**
+ * A client certificate signed by the CA, for `cn` in groups `orgs` (the API
+ * server reads the user from CN and the groups from O). Written next to the CA
+ * as `<file>.crt` and `<file>.key`.
+ */
+export async function issueClientCert(pki: Pki, file: string, cn: string, orgs: string[] = []): Promise<{ cert: string; key: string }> {
+  const dir = dirname(pki.caCert);
+  const cert = join(dir, `${file}.crt`);
+  const key = join(dir, `${file}.key`);
+  const subj = [...orgs.map((o) => `/O=${o}`), `/CN=${cn}`].join('');
+  await execa('openssl', ['req', '-x509', ...EC, '-config', join(dir, 'openssl.cnf'), '-days', '2', '-extensions', 'client', '-subj', subj,
+    '-CA', pki.caCert, '-CAkey', pki.caKey, '-keyout', key, '-out', cert]);
+  return { cert, key };
 }

@@ -1,24 +1,28 @@
-// The container images, without a Docker engine (there is none here or in
-// CI): the Dockerfiles are read for what the manifests rely on, then their
-// steps are reproduced outside Docker (test/support/imagebuild.ts): the
-// context as .dockerignore filters it, npm ci and the TypeScript build, then
-// each runtime stage assembled from exactly what it COPYs. The CLI then runs
-// from those folders, so a file or dependency a Dockerfile forgets fails here.
-import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, type Dirent } from 'node:fs';
+// The container images, built as users build them: test/images/build.sh runs
+// buildah on Dockerfile.agent and Dockerfile.controller as they are (FROM a
+// node:24-bookworm-slim made locally, since no registry is reachable here),
+// plus the pause and echo images the real-node tests need. These tests read
+// what buildah committed, look into the images' root filesystems, run them
+// with runc (the runtime under containerd) the way deploy/ runs them, against
+// a real API server, and import the archives into a containerd.
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync, type Dirent } from 'node:fs';
+import { createConnection } from 'node:net';
+import { createSocket } from 'node:dgram';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CoordinationV1Api, CoreV1Api } from '@kubernetes/client-node';
-import { execa } from 'execa';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { CoordinationV1Api, CoreV1Api, type KubernetesObject, type V1Container, type V1DaemonSet, type V1Deployment } from '@kubernetes/client-node';
+import { execa, execaSync, type ResultPromise } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { binaries, type Backend } from '../../agent/iptables.ts';
 import { DEFAULT_NAMESPACE, FAMILIES, LEADER_LEASE_NAME } from '../../lib/contract.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
+import { ensureImages, imageConfig, IMAGES, mountImage, type BuiltImages, type ImageConfig, type ImageName } from '../images/images.ts';
+import { parseUser, runContainer, startContainer, type Container, type RunOptions } from '../images/runc.ts';
 import { atExit } from '../support/cleanup.ts';
-import { nodeFlags, parseDockerfile, splitShell, type Stage } from '../support/dockerfile.ts';
-import { ImageBuilder, imageCommand, runImage, type BuiltStage } from '../support/imagebuild.ts';
+import { containerEnv, render } from '../support/deploy.ts';
 import { freePort } from '../support/ports.ts';
-import { readOnlyRoot, type ReadOnlyRoot } from '../support/readonlyroot.ts';
 import { eventually } from '../support/wait.ts';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -26,33 +30,96 @@ const PKG = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
   version: string;
   license: string;
   dependencies: Record<string, string>;
+  scripts: Record<string, string>;
 };
-/** What deploy/ runs: the manifests pass only args (controller, agent). */
+/** What deploy/ runs: the manifests pass only args (controller, agent, cleanup). */
 const BUNDLE = '/app/dist/pier.mjs';
-const IMAGES = { controller: 'Dockerfile.controller', agent: 'Dockerfile.agent' } as const;
-type Image = keyof typeof IMAGES;
+const PIER = ['agent', 'controller'] as const;
+type Pier = (typeof PIER)[number];
 /** Every backend the agent may pick; the Record makes a new Backend a compile error here. */
 const BACKENDS = Object.keys({ nft: true, legacy: true } satisfies Record<Backend, true>) as Backend[];
+/** Uncompressed, with room to spare: a bigger image means something slipped in (a node_modules, apt's caches). */
+const MAX_MB: Record<ImageName, number> = { agent: 300, controller: 300, echo: 300, pause: 2 };
+/** Where the tests mount a kubeconfig, as a Secret would be. */
+const KUBECONFIG = '/var/run/secrets/pier/kubeconfig';
 
-const finalStage = (image: Image): Stage => parseDockerfile(readFileSync(join(ROOT, IMAGES[image]), 'utf8')).stages.at(-1)!;
-const hostCodename = () => /^VERSION_CODENAME=(\S+)$/m.exec(readFileSync('/etc/os-release', 'utf8'))?.[1];
+/** A Docker-style reference in full: pier/agent:0.1.0 is docker.io/pier/agent:0.1.0. */
+const fullName = (ref: string) => (/^[^/]+[.:][^/]*\//.test(ref) ? ref : `docker.io/${ref.includes('/') ? ref : `library/${ref}`}`);
+const envOf = (config: ImageConfig) => Object.fromEntries((config.Env ?? []).map((e) => [e.slice(0, e.indexOf('=')), e.slice(e.indexOf('=') + 1)]));
 
-describe('the Dockerfiles, read', () => {
-  it.each(Object.keys(IMAGES) as Image[])('%s: runs the CLI from /app with the entry point the manifests name, its subcommand by default', (image) => {
-    const stage = finalStage(image);
+/** Every container of a workload in deploy/ (base and the uninstall sweep) that runs one of pier's images. */
+async function deployedContainers(images: BuiltImages): Promise<{ where: string; image: Pier; container: V1Container; workload: V1Deployment | V1DaemonSet }[]> {
+  const found = [];
+  for (const kustomization of ['base', 'cleanup'] as const) {
+    const { objects } = await render(kustomization);
+    for (const o of objects as (KubernetesObject & (V1Deployment | V1DaemonSet))[]) {
+      if (o.kind !== 'Deployment' && o.kind !== 'DaemonSet') continue;
+      const pod = o.spec!.template.spec!;
+      for (const container of [...(pod.initContainers ?? []), ...pod.containers]) {
+        const image = PIER.find((i) => fullName(container.image!) === images.names[i]);
+        if (!image) throw new Error(`${kustomization}: ${o.kind} ${o.metadata?.name} runs ${container.image}, which is none of the built images (${PIER.map((i) => images.names[i]).join(', ')})`);
+        found.push({ where: `${kustomization}: ${o.kind} ${o.metadata?.name}/${container.name}`, image, container, workload: o });
+      }
+    }
+  }
+  return found;
+}
+
+/** A pod's security settings as runc options: user, read-only root, the capabilities left after dropping ALL. */
+function securityOf(container: V1Container, workload: V1Deployment | V1DaemonSet): Pick<RunOptions, 'user' | 'readOnlyRoot' | 'capabilities'> {
+  const pod = workload.spec!.template.spec!.securityContext ?? {};
+  const sc = container.securityContext ?? {};
+  expect(sc.capabilities?.drop).toEqual(['ALL']);
+  expect(sc.allowPrivilegeEscalation).toBe(false); // runc's noNewPrivileges, always set by runc.ts
+  const uid = sc.runAsUser ?? pod.runAsUser;
+  const gid = sc.runAsGroup ?? pod.runAsGroup;
+  return {
+    ...(uid !== undefined ? { user: { uid, gid: gid ?? uid } } : {}),
+    readOnlyRoot: sc.readOnlyRootFilesystem === true,
+    capabilities: sc.capabilities?.add ?? [],
+  };
+}
+
+describe('the images, as buildah built them', () => {
+  let images: BuiltImages;
+  const configs = {} as Record<ImageName, ImageConfig>;
+
+  beforeAll(async () => {
+    images = await ensureImages();
+    for (const image of IMAGES) configs[image] = await imageConfig(images, image);
+  });
+
+  it('deploy/ runs them by the names they are built under, with no command (so the ENTRYPOINT runs) or one the image has', async () => {
+    const containers = await deployedContainers(images);
+    expect(containers.map((c) => c.where)).toEqual(expect.arrayContaining(['base: Deployment pier-controller/controller', 'base: DaemonSet pier-agent/agent', 'cleanup: DaemonSet pier-cleanup/cleanup']));
+    for (const { where, image, container } of containers) {
+      if (container.command === undefined) {
+        // args replace CMD: a subcommand; the main workloads' is the image's CMD.
+        expect(container.args?.[0], where).toMatch(/^(agent|controller|cleanup)$/);
+        if (where.startsWith('base: ')) expect(container.args, where).toEqual(configs[image].Cmd);
+      } else {
+        // The image must have the program the command names, on its PATH.
+        const r = await runContainer(images, image, { command: [container.command[0]!, '--version'] });
+        expect(r.exitCode, `${where}: ${container.command[0]} --version: ${r.stderr}`).toBe(0);
+      }
+    }
+  });
+
+  it.each(PIER)('%s: runs the CLI from /app with the entry point the manifests rely on, its subcommand by default', (image) => {
+    const config = configs[image];
     // node, its flags (the agent's keep its heap small), the bundled CLI.
-    const [program, ...rest] = stage.entrypoint ?? [];
+    const [program, ...rest] = config.Entrypoint ?? [];
     expect(program).toBe('node');
     expect(rest.at(-1)).toBe(BUNDLE);
     for (const flag of rest.slice(0, -1)) expect(flag).toMatch(/^--[a-z-]+(=\S+)?$/);
     if (image === 'controller') expect(rest).toEqual([BUNDLE]);
-    expect(stage.workdir).toBe('/app');
-    expect(stage.cmd).toEqual([image]);
-    expect(stage.env['NODE_ENV']).toBe('production');
+    expect(config.WorkingDir).toBe('/app');
+    expect(config.Cmd).toEqual([image]);
+    expect(envOf(config)['NODE_ENV']).toBe('production');
   });
 
-  it.each(Object.keys(IMAGES) as Image[])('%s: OCI labels name it, its licence and package.json version', (image) => {
-    const labels = finalStage(image).labels;
+  it.each(PIER)('%s: OCI labels name it, its licence and package.json version', (image) => {
+    const labels = configs[image].Labels ?? {};
     expect(labels['org.opencontainers.image.title']).toBe(`pier-${image}`);
     expect(labels['org.opencontainers.image.description']).toMatch(new RegExp(`^pier ${image}: `));
     expect(labels).toHaveProperty(['org.opencontainers.image.source']);
@@ -60,88 +127,68 @@ describe('the Dockerfiles, read', () => {
     expect(labels['org.opencontainers.image.version']).toBe(PKG.version);
   });
 
-  it.each(Object.keys(IMAGES) as Image[])('%s: every base image is the Node and Debian release this reproduction runs on', (image) => {
-    // The reproduction runs the steps with this machine's Node and checks
-    // packages against this machine's Debian: only valid if they match.
-    const df = parseDockerfile(readFileSync(join(ROOT, IMAGES[image]), 'utf8'));
-    const names = new Set(df.stages.map((s) => s.name));
-    const bases = df.stages.map((s) => s.base).filter((b) => !names.has(b));
-    expect(bases.length).toBeGreaterThan(0);
-    for (const base of bases) {
-      expect(base).toMatch(/^node:\d+-[a-z]+-slim(@sha256:[0-9a-f]{64})?$/);
-      const [, major, codename] = /^node:(\d+)-([a-z]+)/.exec(base)!;
-      expect(major).toBe(process.versions.node.split('.')[0]);
-      expect(codename).toBe(hostCodename());
-    }
+  it('are named after package.json version', () => {
+    expect(images.names.agent).toBe(`docker.io/pier/agent:${PKG.version}`);
+    expect(images.names.controller).toBe(`docker.io/pier/controller:${PKG.version}`);
+  });
+
+  it('controller: runs as a non-root numeric user; agent: as root', () => {
+    expect(configs.controller.User).toBe('65532:65532');
+    expect(parseUser(configs.agent.User)).toEqual({ uid: 0, gid: 0 });
   });
 
   it('agent: npm run bench:agent measures the agent with the Node flags its image runs it with', () => {
-    const flags = nodeFlags(finalStage('agent'));
+    const flags = (configs.agent.Entrypoint ?? []).slice(1, -1);
     expect(flags.length).toBeGreaterThan(0);
-    const scripts = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> }).scripts;
-    const bench = scripts['bench:agent']!.split(' ');
+    const bench = PKG.scripts['bench:agent']!.split(' ');
     expect(bench[0]).toBe('node');
     expect(bench.slice(1, -1).filter((f) => f !== '--expose-gc')).toEqual(flags);
   });
 
-  it('controller: runs as a non-root numeric user', () => {
-    const user = finalStage('controller').user;
-    expect(user).toBe('65532:65532');
+  it.each(PIER)('%s: /app holds the bundled CLI, its source map, the licences of what it bundles and package.json, and nothing else', async (image) => {
+    const mounted = await mountImage(images, image);
+    try {
+      const app = join(mounted.rootfs, 'app');
+      const files = (readdirSync(app, { recursive: true, withFileTypes: true }) as Dirent[]).filter((e) => !e.isDirectory());
+      expect(files.map((e) => relative(app, join(e.parentPath, e.name))).sort()).toEqual(['dist/THIRD-PARTY-NOTICES.txt', 'dist/pier.mjs', 'dist/pier.mjs.map', 'package.json']);
+      const notices = readFileSync(join(app, 'dist/THIRD-PARTY-NOTICES.txt'), 'utf8');
+      for (const dep of Object.keys(PKG.dependencies)) expect(notices).toMatch(new RegExp(`^${dep} \\d+\\.\\d+\\.\\d+ \\(`, 'm'));
+      expect(JSON.parse(readFileSync(join(app, 'package.json'), 'utf8'))).toMatchObject({ version: PKG.version });
+      // No node_modules where the CLI could resolve one (the file list above covers /app), and
+      // only the base image's npm among the global ones: the runs below prove the bundle complete.
+      expect(existsSync(join(mounted.rootfs, 'node_modules'))).toBe(false);
+      expect(readdirSync(join(mounted.rootfs, 'usr/local/lib/node_modules'))).toEqual(['npm']);
+    } finally {
+      await mounted.remove();
+    }
   });
 
-  it('agent: runs as root and installs iptables, which holds every iptables binary the agent calls', async () => {
-    const stage = finalStage('agent');
-    expect([undefined, 'root', '0', '0:0']).toContain(stage.user);
-    const commands = stage.steps.flatMap((s) => (s.kind !== 'RUN' ? [] : s.exec ? [s.exec] : splitShell(s.shell!)));
-    const packages = commands.filter(([cmd, sub]) => cmd === 'apt-get' && sub === 'install').flatMap((c) => c.slice(2).filter((w) => !w.startsWith('-')));
-    expect(packages).toContain('iptables');
-    // The image's Debian release is this machine's (checked above), so dpkg here lists what the package ships there.
-    const { stdout } = await execa('dpkg-query', ['-L', ...packages]);
-    const shipped = new Set(stdout.split('\n').filter((p) => /^\/usr\/s?bin\//.test(p)).map((p) => p.replace(/^.*\//, '')));
-    const needed = FAMILIES.flatMap((family) => BACKENDS.flatMap((backend) => Object.values(binaries(backend, family))));
+  it('agent: every iptables binary the agent calls, nft and legacy, IPv4 and IPv6, runs in the image', async () => {
+    const needed = FAMILIES.flatMap((family) => BACKENDS.flatMap((backend) => Object.values(binaries(backend, family)).map((bin) => ({ bin, backend, family }))));
     expect(needed).toHaveLength(12);
-    expect(needed.filter((b) => !shipped.has(b))).toEqual([]);
-  });
-});
-
-describe('the images, built outside Docker', () => {
-  let work: string;
-  let unregister: () => void;
-  const built = {} as Record<Image, BuiltStage>;
-  let cpStart: Promise<ControlPlane> | undefined;
-
-  beforeAll(async () => {
-    work = mkdtempSync(join(tmpdir(), 'pier-images-'));
-    unregister = atExit(() => rmSync(work, { recursive: true, force: true }));
-    // The controller runs as 65532, which must be able to read its folders.
-    chmodSync(work, 0o755);
-    // Started alongside the build, which spends much of its time waiting on npm and the disk.
-    cpStart = startControlPlane();
-    cpStart.catch(() => {}); // reported by the test that awaits it
-    const builder = new ImageBuilder(ROOT, work, (line) => process.stderr.write(`${line}\n`));
-    for (const image of Object.keys(IMAGES) as Image[]) built[image] = await builder.build(join(ROOT, IMAGES[image]));
+    const r = await runContainer(images, 'agent', { command: ['sh', '-c', 'for b; do "$b" --version || exit 1; done', 'sh', ...needed.map((n) => n.bin)] });
+    expect(r.exitCode, r.stderr).toBe(0);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines).toHaveLength(12);
+    // e.g. "ip6tables-nft-save v1.8.9 (nf_tables)", "iptables v1.8.9 (legacy)": the family and backend each binary is.
+    needed.forEach(({ bin, backend, family }, i) => {
+      const name = family === 'ipv4' ? 'iptables' : 'ip6tables';
+      expect(lines[i], bin).toMatch(new RegExp(`^${name}(-${backend})?(-save|-restore)? v1\\.8\\.\\d+ \\(${backend === 'nft' ? 'nf_tables' : 'legacy'}\\)$`));
+    });
   });
 
-  afterAll(async () => {
-    const cp = await cpStart?.catch(() => undefined);
-    await cp?.stop();
-    if (work) rmSync(work, { recursive: true, force: true });
-    unregister?.();
+  it.each(['agent', 'controller', 'echo'] as const)('%s: runs Node 24, the version its NODE_VERSION names', async (image) => {
+    const r = await runContainer(images, image, { command: ['node', '--version'] });
+    expect(r.exitCode, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^v24\.\d+\.\d+$/);
+    expect(r.stdout).toBe(`v${envOf(configs[image])['NODE_VERSION']}`);
   });
 
-  it('the agent image records iptables among its packages', () => {
-    expect(built.agent.packages).toContain('iptables');
-    expect(built.controller.packages).toEqual([]);
-  });
-
-  it.each(Object.keys(IMAGES) as Image[])('%s: holds the bundled CLI, its source map, the licences of what it bundles and package.json, and nothing else', (image) => {
-    const app = join(built[image].rootfs, 'app');
-    const files = (readdirSync(app, { recursive: true, withFileTypes: true }) as Dirent[]).filter((e) => !e.isDirectory());
-    expect(files.map((e) => relative(app, join(e.parentPath, e.name))).sort()).toEqual(['dist/THIRD-PARTY-NOTICES.txt', 'dist/pier.mjs', 'dist/pier.mjs.map', 'package.json']);
-    const notices = readFileSync(join(app, 'dist/THIRD-PARTY-NOTICES.txt'), 'utf8');
-    for (const dep of Object.keys(PKG.dependencies)) expect(notices).toMatch(new RegExp(`^${dep} \\d+\\.\\d+\\.\\d+ \\(`, 'm'));
-    expect(JSON.parse(readFileSync(join(app, 'package.json'), 'utf8'))).toMatchObject({ version: PKG.version });
-    // No node_modules: the commands below, which run the image, prove that every dependency is inside the bundle.
+  it('their sizes stay within bounds', () => {
+    // A docker-archive holds every layer uncompressed: its size is the image's on a node's disk.
+    const sizes = Object.fromEntries(IMAGES.map((i) => [i, statSync(images.archives[i]).size])) as Record<ImageName, number>;
+    process.stderr.write(`[images] uncompressed sizes: ${IMAGES.map((i) => `${i} ${(sizes[i] / 1e6).toFixed(1)} MB`).join(', ')}\n`);
+    for (const image of IMAGES) expect(sizes[image], image).toBeLessThan(MAX_MB[image] * 1e6);
   });
 
   it.each([
@@ -151,109 +198,227 @@ describe('the images, built outside Docker', () => {
     ['agent', ['plan', '--help'], /^pier plan: .*\n\nUsage: pier plan/],
     ['agent', ['cleanup', '--help'], /^pier cleanup: .*\n\nUsage: pier cleanup/],
     ['agent', ['check', '--help'], /^pier check: .*\n\nUsage: pier check/],
-  ] as [Image, string[], RegExp][])('%s image: %j exits 0 with its usage', async (image, args, usage) => {
-    const r = await runImage(built[image], args);
+  ] as [Pier, string[], RegExp][])('%s image: %j exits 0 with its usage', async (image, args, usage) => {
+    const r = await runContainer(images, image, { args, readOnlyRoot: true });
     expect(r.stderr).toBe('');
     expect(r.exitCode).toBe(0);
     expect(r.stdout).toMatch(usage);
   });
 
-  it.each(Object.keys(IMAGES) as Image[])('%s image: --version prints package.json version', async (image) => {
-    const r = await runImage(built[image], ['--version']);
+  it.each(PIER)('%s image: --version prints package.json version', async (image) => {
+    const r = await runContainer(images, image, { args: ['--version'], readOnlyRoot: true });
     expect(r).toMatchObject({ exitCode: 0, stdout: PKG.version });
   });
 
-  describe('the controller image against a real API server, as 65532:65532 on a read-only root', () => {
+  it('echo: answers TCP and UDP with the pod name from POD_NAME and the peer address it saw', async () => {
+    expect(configs.echo.User).toBe('65532:65532');
+    const port = await freePort();
+    const c = await startContainer(images, 'echo', { args: ['--port', String(port)], env: { POD_NAME: 'echo-7f9c4-x2k8p' }, readOnlyRoot: true });
+    const stop = atExit(() => c.proc.kill('SIGKILL'));
+    try {
+      await eventually('the echo server to listen', () => {
+        if (c.exitCode() !== undefined) throw new Error(`exited: ${c.output()}`);
+        return /^ready$/m.test(c.output()) || undefined;
+      }, { timeoutMs: 30_000 });
+      const tcp = await new Promise<string>((resolve, reject) => {
+        let data = '';
+        const sock = createConnection({ host: '127.0.0.1', port }, () => {});
+        sock.on('data', (d) => (data += d));
+        sock.on('end', () => resolve(data));
+        sock.on('error', reject);
+      });
+      expect(JSON.parse(tcp)).toMatchObject({ pod: 'echo-7f9c4-x2k8p', proto: 'tcp', peer: '127.0.0.1' });
+      const udp = await new Promise<string>((resolve, reject) => {
+        const sock = createSocket('udp4');
+        const timer = setTimeout(() => (sock.close(), reject(new Error('no UDP answer'))), 5000);
+        sock.on('message', (msg) => (clearTimeout(timer), sock.close(), resolve(String(msg))));
+        sock.send('x', port, '127.0.0.1');
+      });
+      expect(JSON.parse(udp)).toMatchObject({ pod: 'echo-7f9c4-x2k8p', proto: 'udp', peer: '127.0.0.1' });
+      c.proc.kill('SIGTERM');
+      expect((await c.proc).exitCode).toBe(0);
+    } finally {
+      c.proc.kill('SIGKILL');
+      stop();
+      await c.remove();
+    }
+  });
+
+  it('pause: a static binary that runs as 65535, prints its version and stops on SIGTERM', async () => {
+    expect(configs.pause).toMatchObject({ User: '65535:65535', Entrypoint: ['/pause'] });
+    const v = await runContainer(images, 'pause', { args: ['-v'], readOnlyRoot: true });
+    expect(v).toMatchObject({ exitCode: 0, stdout: expect.stringMatching(/^pause\.c v3\.\d+(\.\d+)?-v1\.\d+\.\d+$/) });
+    const c = await startContainer(images, 'pause', { readOnlyRoot: true });
+    try {
+      const pid = await eventually('pause to start', () => c.pid().catch(() => undefined), { timeoutMs: 10_000 });
+      expect(/^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]).toBe('65535');
+      // The first process of its PID namespace, as a sandbox's pause is: no "should be the first process" warning.
+      await sleep(200);
+      c.proc.kill('SIGTERM');
+      const r = await c.proc;
+      expect(r.exitCode).toBe(0);
+      expect(String(r.stderr)).toMatch(/Shutting down, got signal: Terminated/);
+      expect(String(r.stderr)).not.toMatch(/first process/);
+    } finally {
+      await c.remove();
+    }
+  });
+
+  it('the archives import into containerd under their names, and containerd runs them', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'pier-containerd-'));
+    let daemon: ResultPromise | undefined;
+    let daemonExited = false;
+    const stopSync = () => {
+      if (daemon?.pid !== undefined && !daemonExited) {
+        try {
+          process.kill(daemon.pid, 'SIGKILL');
+        } catch {
+          // already gone
+        }
+      }
+      const mounts = execaSync('findmnt', ['-rn', '-o', 'TARGET'], { reject: false }).stdout.split('\n').filter((m) => m.startsWith(`${dir}/`));
+      for (const m of mounts.reverse()) execaSync('umount', ['-l', m], { reject: false });
+      rmSync(dir, { recursive: true, force: true });
+    };
+    const unregister = atExit(stopSync);
+    try {
+      const sock = join(dir, 'containerd.sock');
+      writeFileSync(
+        join(dir, 'config.toml'),
+        [`version = 2`, `root = "${dir}/root"`, `state = "${dir}/state"`, `disabled_plugins = ["io.containerd.grpc.v1.cri"]`, `[grpc]`, `  address = "${sock}"`, ''].join('\n'),
+      );
+      daemon = execa('containerd', ['--config', join(dir, 'config.toml')], { stdin: 'ignore', all: true, buffer: true, reject: false });
+      void daemon.then(() => (daemonExited = true));
+      const ctr = async (args: string[]) => {
+        const r = await execa('ctr', ['--address', sock, '--namespace', 'k8s.io', ...args], { reject: false, all: true, stdin: 'ignore' });
+        if (r.exitCode !== 0) throw new Error(`ctr ${args.join(' ')}: ${String(r.all)}`);
+        return r.stdout;
+      };
+      await eventually('containerd to answer', async () => {
+        if (daemonExited) throw new Error(`containerd exited: ${String((await daemon!).all).slice(-2000)}`);
+        return (await ctr(['version']).then(() => true).catch(() => undefined)) ?? undefined;
+      }, { timeoutMs: 30_000, intervalMs: 200 });
+      for (const image of IMAGES) await ctr(['images', 'import', images.archives[image]]);
+      const listed = (await ctr(['images', 'list', '--quiet'])).split('\n').filter(Boolean).sort();
+      expect(listed).toEqual(IMAGES.map((i) => images.names[i]).sort());
+      // ctr run uses the image's own configuration: ENTRYPOINT, USER.
+      expect((await ctr(['run', '--rm', images.names.pause, 'pause-v', '/pause', '-v'])).trim()).toMatch(/^pause\.c v3\./);
+      expect((await ctr(['run', '--rm', images.names.controller, 'controller-version', 'node', BUNDLE, '--version'])).trim()).toBe(PKG.version);
+    } finally {
+      daemon?.kill('SIGTERM');
+      await daemon;
+      stopSync();
+      unregister();
+    }
+  });
+
+  describe('against a real API server', () => {
     let cp: ControlPlane;
-    let ro: ReadOnlyRoot;
+    let work: string;
+    let unregister: () => void;
 
     beforeAll(async () => {
-      cp = await cpStart!;
-      ro = await readOnlyRoot();
+      cp = await startControlPlane();
+      await ensureNamespace(cp.admin.makeApiClient(CoreV1Api), DEFAULT_NAMESPACE);
+      work = mkdtempSync(join(tmpdir(), 'pier-images-'));
+      unregister = atExit(() => rmSync(work, { recursive: true, force: true }));
     });
 
     afterAll(async () => {
-      await ro?.stop();
+      await cp?.stop();
+      if (work) rmSync(work, { recursive: true, force: true });
+      unregister?.();
     });
 
-    it('becomes ready, leads, and stops cleanly on SIGTERM', async () => {
-      await ensureNamespace(cp.admin.makeApiClient(CoreV1Api), DEFAULT_NAMESPACE);
-      // Outside the image's folders, readable by 65532, like a mounted Secret.
-      const kubeconfig = join(work, 'kubeconfig');
-      writeFileSync(kubeconfig, cp.admin.exportConfig(), { mode: 0o644 });
+    /** The container deploy/base runs `image` in, as runc options: its args, environment and security settings, plus a kubeconfig and a free health port. */
+    async function asDeployed(image: Pier, kubeconfigMode: number, extraArgs: string[], pod: { name: string; nodeName?: string }): Promise<{ opts: RunOptions; port: number }> {
+      const { container, workload } = (await deployedContainers(images)).find((c) => c.where === (image === 'controller' ? 'base: Deployment pier-controller/controller' : 'base: DaemonSet pier-agent/agent'))!;
+      const { objects } = await render('base');
+      const env = containerEnv(objects, workload.kind as 'Deployment' | 'DaemonSet', workload.metadata!.name!, { ...pod, namespace: DEFAULT_NAMESPACE });
       const port = await freePort();
-      const { argv, options } = imageCommand(
-        built.controller,
-        ['controller', `--kubeconfig=${kubeconfig}`, '--health-address=127.0.0.1', `--health-port=${port}`, '--leader-elect-id=image-test'],
-        { prefix: ro.prefix },
+      const kubeconfig = join(work, `${image}-kubeconfig`);
+      // Outside the image, readable by the container's user, like a mounted Secret.
+      writeFileSync(kubeconfig, cp.admin.exportConfig(), { mode: kubeconfigMode });
+      const opts: RunOptions = {
+        ...securityOf(container, workload),
+        args: [...(container.args ?? []), ...extraArgs, `--kubeconfig=${KUBECONFIG}`, '--health-address=127.0.0.1', `--health-port=${port}`],
+        env,
+        mounts: [{ source: kubeconfig, destination: KUBECONFIG }],
+      };
+      return { opts, port };
+    }
+
+    async function untilReady(c: Container, port: number, what: string, ready: (body: string) => boolean): Promise<string> {
+      return eventually(
+        what,
+        async () => {
+          if (c.exitCode() !== undefined) throw new Error(`exited with ${c.exitCode()}: ${c.output().slice(-2000)}`);
+          const res = await fetch(`http://127.0.0.1:${port}/readyz`);
+          const text = await res.text();
+          return res.status === 200 && ready(text) ? text : undefined;
+        },
+        { timeoutMs: 60_000, intervalMs: 200 },
       );
-      const proc = execa(argv[0]!, argv.slice(1), { ...options, all: true, buffer: true });
-      const stopProc = atExit(() => proc.kill('SIGKILL'));
-      let exited: number | undefined;
-      void proc.then((r) => (exited = r.exitCode ?? -1));
+    }
+
+    it('the controller image, as deploy/ runs it (65532:65532, read-only root, no capabilities), becomes ready, leads, and stops cleanly on SIGTERM', async () => {
+      const { opts, port } = await asDeployed('controller', 0o644, [], { name: 'pier-controller-image-test' });
+      expect(opts).toMatchObject({ readOnlyRoot: true, capabilities: [], user: { uid: 65532, gid: 65532 } });
+      const c = await startContainer(images, 'controller', opts);
+      const stop = atExit(() => c.proc.kill('SIGKILL'));
       try {
-        const body = await eventually(
-          'the controller to report itself ready and leading',
-          async () => {
-            if (exited !== undefined) throw new Error(`exited with ${exited}: ${String((await proc).all).slice(-2000)}`);
-            const res = await fetch(`http://127.0.0.1:${port}/readyz`);
-            const text = await res.text();
-            return res.status === 200 && text.startsWith('leader') ? text : undefined;
-          },
-          { timeoutMs: 60_000, intervalMs: 200 },
-        );
+        const body = await untilReady(c, port, 'the controller to report itself ready and leading', (text) => text.startsWith('leader'));
         expect(body).toMatch(/^leader/);
-        // The process itself, not only its command line: user, and the root it sees.
-        const status = readFileSync(`/proc/${proc.pid}/status`, 'utf8');
+        // The process itself: its user, its capabilities, and the root it sees.
+        const pid = await c.pid();
+        const status = readFileSync(`/proc/${pid}/status`, 'utf8');
         expect(/^Uid:\s+(.*)$/m.exec(status)?.[1]?.split(/\s+/)).toEqual(['65532', '65532', '65532', '65532']);
         expect(/^Gid:\s+(.*)$/m.exec(status)?.[1]?.split(/\s+/)).toEqual(['65532', '65532', '65532', '65532']);
-        const root = readFileSync(`/proc/${proc.pid}/mountinfo`, 'utf8').split('\n').filter((l) => l.split(' ')[4] === '/').at(-1);
+        expect(/^CapEff:\s+(\S+)$/m.exec(status)?.[1]).toBe('0000000000000000');
+        expect(/^NoNewPrivs:\s+(\d)$/m.exec(status)?.[1]).toBe('1');
+        const root = readFileSync(`/proc/${pid}/mountinfo`, 'utf8').split('\n').filter((l) => l.split(' ')[4] === '/').at(-1);
         expect(root?.split(' ')[5]?.split(',')).toContain('ro');
+        // POD_NAME, from the downward API in deploy/, is the replica's identity.
         const lease = await cp.admin.makeApiClient(CoordinationV1Api).readNamespacedLease({ namespace: DEFAULT_NAMESPACE, name: LEADER_LEASE_NAME });
-        expect(lease.spec?.holderIdentity).toBe('image-test');
-        proc.kill('SIGTERM');
-        const r = await proc;
+        expect(lease.spec?.holderIdentity).toBe('pier-controller-image-test');
+        c.proc.kill('SIGTERM');
+        const r = await c.proc;
         expect(r.exitCode, String(r.all)).toBe(0);
         // A write attempt on the read-only root would surface as EROFS.
         expect(String(r.all)).not.toMatch(/EROFS|EACCES|read-only file system/i);
       } finally {
-        proc.kill('SIGKILL');
-        stopProc();
+        c.proc.kill('SIGKILL');
+        stop();
+        await c.remove();
       }
     });
-  });
 
-  it('the agent image, with its Node flags, syncs against a real API server in dry-run mode', async () => {
-    const cp = await cpStart!;
-    const core = cp.admin.makeApiClient(CoreV1Api);
-    await registerNode(core, { metadata: { name: 'image-node' }, status: { addresses: [{ type: 'InternalIP', address: '198.51.100.31' }] } });
-    const kubeconfig = join(work, 'agent-kubeconfig');
-    writeFileSync(kubeconfig, cp.admin.exportConfig(), { mode: 0o600 });
-    const port = await freePort();
-    const { argv, options } = imageCommand(built.agent, ['agent', '--dry-run', '--node-name=image-node', `--kubeconfig=${kubeconfig}`, '--health-address=127.0.0.1', `--health-port=${port}`]);
-    const proc = execa(argv[0]!, argv.slice(1), { ...options, all: true, buffer: true });
-    const stopProc = atExit(() => proc.kill('SIGKILL'));
-    let exited: number | undefined;
-    void proc.then((r) => (exited = r.exitCode ?? -1));
-    try {
-      await eventually(
-        'the agent to report its first sync',
-        async () => {
-          if (exited !== undefined) throw new Error(`exited with ${exited}: ${String((await proc).all).slice(-2000)}`);
-          const res = await fetch(`http://127.0.0.1:${port}/readyz`);
-          return res.status === 200 ? true : undefined;
-        },
-        { timeoutMs: 60_000, intervalMs: 200 },
-      );
-      proc.kill('SIGTERM');
-      const r = await proc;
-      expect(r.exitCode, String(r.all)).toBe(0);
-      // Each sync prints its restore input: pier's chains for the node, in both families.
-      expect(String(r.stdout)).toMatch(/^\*nat$/m);
-      expect(String(r.all)).not.toMatch(/"level":"(error|fatal)"/);
-    } finally {
-      proc.kill('SIGKILL');
-      stopProc();
-    }
+    it('the agent image, as deploy/ runs it (root, read-only root, NET_ADMIN and NET_RAW) with its Node flags, syncs in dry-run mode', async () => {
+      const core = cp.admin.makeApiClient(CoreV1Api);
+      await registerNode(core, { metadata: { name: 'image-node' }, status: { addresses: [{ type: 'InternalIP', address: '198.51.100.31' }] } });
+      const { opts, port } = await asDeployed('agent', 0o600, ['--dry-run'], { name: 'pier-agent-image-test', nodeName: 'image-node' });
+      expect(opts).toMatchObject({ readOnlyRoot: true });
+      expect(opts.capabilities?.sort()).toEqual(['NET_ADMIN', 'NET_RAW']);
+      expect(opts.env?.['NODE_NAME']).toBe('image-node');
+      const c = await startContainer(images, 'agent', opts);
+      const stop = atExit(() => c.proc.kill('SIGKILL'));
+      try {
+        await untilReady(c, port, 'the agent to report its first sync', () => true);
+        // The agent's process is node with the image's flags.
+        const cmdline = readFileSync(`/proc/${await c.pid()}/cmdline`, 'utf8').split('\0').filter(Boolean);
+        expect(cmdline.slice(0, configs.agent.Entrypoint!.length)).toEqual(configs.agent.Entrypoint);
+        c.proc.kill('SIGTERM');
+        const r = await c.proc;
+        expect(r.exitCode, String(r.all)).toBe(0);
+        // Each sync prints its restore input: pier's chains for the node, in both families.
+        expect(String(r.stdout)).toMatch(/^\*nat$/m);
+        expect(String(r.all)).not.toMatch(/"level":"(error|fatal)"/);
+        expect(String(r.all)).not.toMatch(/EROFS|read-only file system/i);
+      } finally {
+        c.proc.kill('SIGKILL');
+        stop();
+        await c.remove();
+      }
+    });
   });
 });

@@ -33,6 +33,12 @@ export interface LabSpec {
   clients?: number;
   /** Creates a veth from the root namespace onto the underlay (address HOST_V4 / HOST_V6), for an API server the nodes can reach. */
   hostLink?: boolean;
+  /**
+   * false: nodes get no "pods" bridge (their pod count must be 0), since a
+   * real node's CNI plugin makes its own on the same subnets. Pod subnets are
+   * routed between nodes either way.
+   */
+  podBridges?: boolean;
 }
 
 export const UNDERLAY_V4 = '198.51.100.0/24';
@@ -141,6 +147,11 @@ export class Lab {
       await this.addHost(ns, name, node.v4, node.v6);
       await sysctl(ns, 'net.ipv4.ip_forward', '1');
       await sysctl(ns, 'net.ipv6.conf.all.forwarding', '1');
+      this.nodes.push(node);
+      if (spec.podBridges === false) {
+        if (podCount > 0) throw new Error('a lab without pod bridges has no lab pods');
+        continue;
+      }
       await ip(ns, 'link', 'add', 'pods', 'type', 'bridge');
       await ip(ns, 'addr', 'add', `${net.gw4}/24`, 'dev', 'pods');
       await ip(ns, '-6', 'addr', 'add', `${net.gw6}/64`, 'dev', 'pods', 'nodad');
@@ -162,7 +173,6 @@ export class Lab {
         await ip(podNs, '-6', 'route', 'add', 'default', 'via', net.gw6);
         node.pods.push(pod);
       }
-      this.nodes.push(node);
     }
 
     for (let j = 1; j <= (spec.clients ?? 1); j++) {

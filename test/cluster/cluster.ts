@@ -1,0 +1,77 @@
+// A whole test cluster on one machine, as pier's users run one: the lab's
+// network (nodes and a client on an underlay, documentation addresses), a
+// control plane with its controllers on the lab's host link, and a real node
+// (node.ts) in each lab node's namespace, with pier's images and the test
+// images imported into every node's containerd.
+import { execa, type Options } from 'execa';
+import { CoreV1Api } from '@kubernetes/client-node';
+import { HOST_V4, Lab } from '../lab/lab.ts';
+import { ensureImages, type BuiltImages } from '../images/images.ts';
+import { kubectlPath, startControlPlane, type ControlPlane } from './controlplane.ts';
+import { startNode, type KubeNode, type ProxyMode } from './node.ts';
+
+/** Every node's pod subnets: the lab routes node i's 198.19.i.0/24 and 2001:db8:1:i::/64 to it. */
+export const CLUSTER_CIDRS = ['198.19.0.0/16', '2001:db8:1::/48'];
+
+export interface ClusterOptions {
+  nodes?: number;
+  proxyMode?: ProxyMode;
+}
+
+export interface Cluster {
+  readonly lab: Lab;
+  readonly cp: ControlPlane;
+  readonly nodes: KubeNode[];
+  readonly images: BuiltImages;
+  readonly core: CoreV1Api;
+  /** kubectl as cluster-admin; throws with kubectl's stderr when it fails. */
+  kubectl(args: string[], opts?: Pick<Options, 'input' | 'timeout'>): Promise<string>;
+  stop(): Promise<void>;
+}
+
+export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> {
+  const count = opts.nodes ?? 2;
+  // The builds run first: the lab and the control plane should not wait on them.
+  const [images, kubectl] = await Promise.all([ensureImages(), kubectlPath()]);
+  const lab = await Lab.create({ nodes: Array(count).fill(0), clients: 1, hostLink: true, podBridges: false });
+  let cp: ControlPlane | undefined;
+  const nodes: KubeNode[] = [];
+  const stop = async () => {
+    await Promise.all(nodes.map((n) => n.stop()));
+    await cp?.stop();
+    await lab.destroy();
+  };
+  try {
+    cp = await startControlPlane({ address: HOST_V4, controllers: true });
+    const plane = cp;
+    const started = await Promise.all(
+      lab.nodes.map((n) =>
+        startNode(plane, {
+          name: n.name,
+          netns: n.ns,
+          addresses: [n.v4, n.v6],
+          podCidrs: [n.podCidrV4, n.podCidrV6],
+          clusterCidrs: CLUSTER_CIDRS,
+          proxyMode: opts.proxyMode ?? 'iptables',
+        }).then((node) => (nodes.push(node), node)),
+      ),
+    );
+    await Promise.all(started.map((n) => n.importImages(Object.values(images.archives))));
+    return {
+      lab,
+      cp: plane,
+      nodes: started,
+      images,
+      core: plane.admin.makeApiClient(CoreV1Api),
+      async kubectl(args, kopts = {}) {
+        const r = await execa(kubectl, ['--kubeconfig', plane.adminKubeconfigPath, ...args], { ...kopts, reject: false });
+        if (r.exitCode !== 0) throw new Error(`kubectl ${args.join(' ')} failed (${r.exitCode}): ${String(r.stderr)}`);
+        return String(r.stdout);
+      },
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
