@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The "run it" command on a fresh Debian machine, as root: installs what the
-# demo needs (scripts/setup.sh: Debian packages, Node 24, npm ci, the
-# kube-apiserver/etcd/kubectl builds; each skipped when already there), then
-# runs `npm run demo`. Arguments go to the demo (--exit: stop after the requests).
+# demo needs (scripts/setup.sh: Debian packages, Node 24, npm ci, and the
+# Kubernetes build: etcd, kube-apiserver, kubectl, kube-controller-manager,
+# kube-scheduler, kubelet, kube-proxy), then runs `npm run demo`, which builds
+# the images (pier/agent, pier/controller, pause, echo) with buildah. Both
+# builds happen on the first run only (20 to 30 minutes on two cores, progress
+# on stderr); later runs reuse .cache/ and start the cluster in about a minute.
+# Arguments go to the demo (--exit: stop after the requests).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ $(id -u) -ne 0 ]]; then

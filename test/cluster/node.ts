@@ -63,6 +63,8 @@ export interface ExecResult {
 export interface KubeNode {
   readonly name: string;
   readonly spec: NodeSpec;
+  /** The node's state folder: containerd's, the kubelet's and kube-proxy's files and logs. */
+  readonly dir: string;
   /** Runs a command to completion inside the node (its network, mount namespace and cgroup). */
   exec(file: string, args: string[], opts?: { reject?: boolean; input?: string }): Promise<ExecResult>;
   /** Imports docker-archive or OCI archives into the node's containerd, where the kubelet finds them. */
@@ -177,6 +179,7 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
     const node: KubeNode = {
       name: spec.name,
       spec,
+      dir,
       exec,
       async importImages(archives) {
         for (const archive of archives) {
