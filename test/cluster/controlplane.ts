@@ -316,13 +316,10 @@ type ClientKubeconfig = (name: string, cn: string, orgs?: string[]) => Promise<s
  * scrapes them, and two control planes must not collide on fixed ports.
  */
 async function startControllers(bin: string, dir: string, pki: Pki, spawn: Spawn, kubeconfig: ClientKubeconfig): Promise<void> {
+  const common = (kc: string) => [`--kubeconfig=${kc}`, `--authentication-kubeconfig=${kc}`, `--authorization-kubeconfig=${kc}`, '--secure-port=0', '--leader-elect=false', '--v=1'];
   const kcm = await kubeconfig('kube-controller-manager', 'system:kube-controller-manager');
   spawn('kube-controller-manager', join(bin, 'kube-controller-manager'), [
-    `--kubeconfig=${kcm}`,
-    `--authentication-kubeconfig=${kcm}`,
-    `--authorization-kubeconfig=${kcm}`,
-    '--secure-port=0',
-    '--leader-elect=false',
+    ...common(kcm),
     '--use-service-account-credentials=true',
     `--service-account-private-key-file=${pki.saPrivate}`,
     `--root-ca-file=${pki.caCert}`,
@@ -332,24 +329,16 @@ async function startControllers(bin: string, dir: string, pki: Pki, spawn: Spawn
     `--service-cluster-ip-range=${SERVICE_CIDRS.join(',')}`,
     // A test node that stops is gone for good: notice it within seconds.
     '--node-monitor-grace-period=20s',
-    '--v=1',
   ]);
   const scheduler = await kubeconfig('kube-scheduler', 'system:kube-scheduler');
-  spawn('kube-scheduler', join(bin, 'kube-scheduler'), [
-    `--kubeconfig=${scheduler}`,
-    `--authentication-kubeconfig=${scheduler}`,
-    `--authorization-kubeconfig=${scheduler}`,
-    '--secure-port=0',
-    '--leader-elect=false',
-    '--v=1',
-  ]);
+  spawn('kube-scheduler', join(bin, 'kube-scheduler'), common(scheduler));
 }
 
 async function waitReady(server: string, ca: string, token: string, api: { child: ResultPromise; log: string }): Promise<void> {
   await waitFor(`kube-apiserver at ${server}`, 90_000, api, async () => (await httpsGet(`${server}/readyz`, ca, token)) === 200);
 }
 
-async function waitFor(what: string, timeoutMs: number, proc: { child: ResultPromise; log: string }, ok: () => Promise<boolean>) {
+export async function waitFor(what: string, timeoutMs: number, proc: { child: ResultPromise; log: string }, ok: () => Promise<boolean>) {
   const deadline = Date.now() + timeoutMs;
   let exited = false;
   void proc.child.then(() => (exited = true));
@@ -445,7 +434,7 @@ function randomToken(): string {
   return Buffer.from(crypto.getRandomValues(new Uint8Array(24))).toString('hex');
 }
 
-function readIfExists(file: string): string {
+export function readIfExists(file: string): string {
   try {
     return readFileSync(file, 'utf8');
   } catch {
@@ -453,6 +442,6 @@ function readIfExists(file: string): string {
   }
 }
 
-function tail(text: string, lines: number): string {
+export function tail(text: string, lines: number): string {
   return text.trimEnd().split('\n').slice(-lines).join('\n');
 }

@@ -12,11 +12,10 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSyn
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api } from '@kubernetes/client-node';
 import { execa, type ResultPromise } from 'execa';
 import { atExit, isAlive } from '../support/cleanup.ts';
-import { ensureBinaries, SERVICE_CIDRS, type ControlPlane } from './controlplane.ts';
+import { ensureBinaries, readIfExists, SERVICE_CIDRS, tail, waitFor, type ControlPlane } from './controlplane.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const NODE_SH = join(HERE, 'node.sh');
@@ -51,7 +50,6 @@ export interface NodeSpec {
   /** Every node's pod subnets (kube-proxy's clusterCIDR; traffic leaving them is masqueraded). */
   clusterCidrs: string[];
   proxyMode: ProxyMode;
-  labels?: Record<string, string>;
 }
 
 export interface ExecResult {
@@ -152,14 +150,12 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
 
     const kubeletKc = await cp.clientKubeconfig(`kubelet-${spec.name}`, `system:node:${spec.name}`, ['system:nodes']);
     writeFileSync(join(dir, 'kubelet.json'), JSON.stringify(kubeletConfig(spec, id, sock, cp.pki.caCert), null, 2));
-    const labels = Object.entries(spec.labels ?? {}).map(([k, v]) => `${k}=${v}`);
     inNode('kubelet', join(bin, 'kubelet'), [
       `--config=${join(dir, 'kubelet.json')}`,
       `--kubeconfig=${kubeletKc}`,
       `--hostname-override=${spec.name}`,
       `--node-ip=${spec.addresses.join(',')}`,
       `--root-dir=${join(dir, 'kubelet')}`,
-      ...(labels.length ? [`--node-labels=${labels.join(',')}`] : []),
       '--v=2',
     ]);
 
@@ -459,28 +455,4 @@ export function sweepStaleNodes(): void {
     rmSync(dir, { recursive: true, force: true });
   }
   restoreKubeletSysctls();
-}
-
-async function waitFor(what: string, timeoutMs: number, proc: Proc, ok: () => Promise<boolean>): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  let exited = false;
-  void proc.child.then(() => (exited = true));
-  while (Date.now() < deadline) {
-    if (exited) throw new Error(`${what}: the process exited early:\n${tail(readIfExists(proc.log), 30)}`);
-    if (await ok().catch(() => false)) return;
-    await sleep(250);
-  }
-  throw new Error(`${what}: not after ${timeoutMs} ms:\n${tail(readIfExists(proc.log), 30)}`);
-}
-
-function readIfExists(file: string): string {
-  try {
-    return readFileSync(file, 'utf8');
-  } catch {
-    return '';
-  }
-}
-
-function tail(text: string, lines: number): string {
-  return text.trimEnd().split('\n').slice(-lines).join('\n');
 }
