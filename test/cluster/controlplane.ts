@@ -106,15 +106,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
   });
 
   const spawn = (name: string, file: string, args: string[]) => {
-    const log = join(dir, `${name}.log`);
-    // setpriv's parent-death signal kills the server even if this process is
-    // SIGKILLed, when no exit handler can run.
-    const child = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', file, ...args], {
-      stdin: 'ignore',
-      stdout: { file: log, append: true },
-      stderr: { file: log, append: true },
-      reject: false,
-    });
+    const { child, log } = spawnLogged(dir, name, file, args);
     children.add(child);
     if (child.pid) appendFileSync(join(dir, 'children.pid'), `${child.pid}\n`);
     void child.then(() => {
@@ -235,6 +227,21 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     await stopAll();
     throw new Error(`control plane failed to start: ${(err as Error).message}\n${logs}`, { cause: err });
   }
+}
+
+/**
+ * Starts `file` with its output in `<dir>/<name>.log`. setpriv's parent-death
+ * signal kills it even if this process is SIGKILLed, when no exit handler can run.
+ */
+export function spawnLogged(dir: string, name: string, file: string, args: string[]): { child: ResultPromise; log: string } {
+  const log = join(dir, `${name}.log`);
+  const child = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', file, ...args], {
+    stdin: 'ignore',
+    stdout: { file: log, append: true },
+    stderr: { file: log, append: true },
+    reject: false,
+  });
+  return { child, log };
 }
 
 type Spawn = (name: string, file: string, args: string[]) => { child: ResultPromise; log: string };

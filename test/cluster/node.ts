@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { CoreV1Api } from '@kubernetes/client-node';
 import { execa, type ResultPromise } from 'execa';
 import { atExit, isAlive } from '../support/cleanup.ts';
-import { ensureBinaries, readIfExists, SERVICE_CIDRS, tail, waitFor, type ControlPlane } from './controlplane.ts';
+import { ensureBinaries, readIfExists, SERVICE_CIDRS, spawnLogged, tail, waitFor, type ControlPlane } from './controlplane.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const NODE_SH = join(HERE, 'node.sh');
@@ -103,14 +103,7 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
   const unregister = atExit(stopSync);
 
   const spawn = (name: string, args: string[]): Proc => {
-    const log = join(dir, `${name}.log`);
-    const child = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', NODE_SH, ...args], {
-      stdin: 'ignore',
-      stdout: { file: log, append: true },
-      stderr: { file: log, append: true },
-      reject: false,
-    });
-    const proc = { child, log };
+    const proc = spawnLogged(dir, name, NODE_SH, args);
     procs.set(name, proc);
     return proc;
   };
