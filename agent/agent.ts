@@ -23,6 +23,7 @@ import { SyncPipeline } from './pipeline.ts';
 import { TABLES, type Ruleset } from './render.ts';
 import { planText, restoreText } from './restore.ts';
 import { checkForwarding } from './sysctl.ts';
+import { Conntrack, describeCheck, flowFrontends, frontendsToCheck, type FlowFrontends } from './conntrack.ts';
 
 export interface AgentConfig {
   nodeName: string;
@@ -58,6 +59,10 @@ export interface AgentDeps {
   procSys?: string;
 }
 
+/** First and longest wait before a failed conntrack clean-up is tried again. */
+const FLOW_RETRY_MS = 1000;
+const FLOW_RETRY_MAX_MS = 30_000;
+
 export class Agent {
   readonly metrics: AgentMetrics;
   private readonly cfg: AgentConfig;
@@ -82,6 +87,11 @@ export class Agent {
   private applyErrors = new Map<Family, string>();
   private lastProblems = new Set<string>();
   private dryRunApplied = new Map<Family, Ruleset>();
+  /** Per family, the UDP and SCTP frontends whose stale flows are gone; unset until the first clean-up. */
+  private flowsCleaned = new Map<Family, FlowFrontends>();
+  private conntrack = new Map<Family, Conntrack>();
+  /** Retry of a failed flow clean-up: its delay, and the pending timer. */
+  private flowRetry: { delayMs: number; timer?: NodeJS.Timeout } = { delayMs: FLOW_RETRY_MS };
   /** Holds what each sync leaves for the next to reuse. */
   private readonly pipeline: SyncPipeline;
   /** Feeds the pipeline while the informers first list; gone once the first sync starts. */
@@ -182,6 +192,7 @@ export class Agent {
   /** Stops watching and reporting. The rules stay: traffic keeps flowing through an upgrade. */
   async stop(): Promise<void> {
     clearInterval(this.resyncTimer);
+    clearTimeout(this.flowRetry.timer);
     await this.coalescer.stop();
     for (const applier of this.appliers.values()) applier.close();
     await Promise.all([this.services.stop(), this.slices.stop(), this.nodes.stop()]);
@@ -217,7 +228,7 @@ export class Agent {
         }
         // Rules are programmed even while forwarding is off, so they work the
         // moment it is turned on; only unusable tables keep a family out.
-        if (!tableError && !this.appliers.has(family)) this.appliers.set(family, new Applier(xt, this.log));
+        if (!tableError && !this.appliers.has(family)) this.appliers.set(family, new Applier(xt, this.log, this.metrics));
       }
       const cap: Capability = tableError
         ? { forwarding: false, reason: tableError }
@@ -311,7 +322,13 @@ export class Agent {
       const ruleset = this.pipeline.ruleset(model[family]);
       planned.set(family, { ruleset, renderMs: performance.now() - started });
     }
-    const outcomes = await eachFamily(this.backend, families, (family) => this.applyFamily(family, planned.get(family)!, opts));
+    const outcomes = await eachFamily(this.backend, families, async (family) => {
+      const ok = await this.applyFamily(family, planned.get(family)!, opts);
+      // Only once the rules that should serve a flow are in place: the
+      // flow's next packet must meet them.
+      if (ok) await this.cleanFlows(family, model[family]);
+      return ok;
+    });
     const allOk = outcomes.every(Boolean);
     if (allOk) {
       this.ready = true;
@@ -360,6 +377,46 @@ export class Agent {
     }
     out(`${head}: ${previous ? 'changes' : 'complete ruleset'} for ${family === 'ipv4' ? 'iptables' : 'ip6tables'}-restore --noflush\n${payload}`);
     return previous ? 'partial' : 'full';
+  }
+
+  /**
+   * Deletes the UDP and SCTP flows this sync's rule changes left pinned to
+   * an old outcome (conntrack.ts). Never throws: a failure is logged,
+   * counted and retried with a backoff, and never holds the rules back.
+   */
+  private async cleanFlows(family: Family, model: Model[Family]): Promise<void> {
+    const now = flowFrontends(model);
+    const checks = frontendsToCheck(this.flowsCleaned.get(family), now);
+    if (checks.length === 0) return;
+    if (this.cfg.dryRun) {
+      this.flowsCleaned.set(family, now);
+      const out = this.deps.out ?? ((t: string) => process.stdout.write(t));
+      out(`# pier agent --dry-run: node ${this.cfg.nodeName}, ${family}, sync ${this.syncs}: conntrack\n${checks.map(describeCheck).join('')}`);
+      return;
+    }
+    let ct = this.conntrack.get(family);
+    if (!ct) this.conntrack.set(family, (ct = new Conntrack(family, this.deps.runner ?? commandRunner())));
+    try {
+      const { deletions, deleted } = await ct.clean(checks);
+      this.flowsCleaned.set(family, now);
+      this.flowRetry.delayMs = FLOW_RETRY_MS;
+      for (const d of deletions) this.metrics.conntrackDeleted.inc({ family, protocol: d.protocol }, d.entries);
+      if (deletions.length > 0) {
+        const shown = deletions.slice(0, 10).map((d) => `${d.protocol} ${d.address}:${d.port} from ${d.replySrc}:${d.replySport} (${d.entries})`);
+        this.log.info({ family, frontends: checks.length, deleted, flows: shown }, 'deleted stale conntrack entries');
+      }
+    } catch (err) {
+      const msg = (err as Error).message;
+      this.metrics.conntrackErrors.inc({ family });
+      const retry = this.flowRetry;
+      this.log.warn({ family, err: msg, retryInMs: retry.delayMs }, 'deleting stale conntrack entries failed; the rules are in place, the clean-up is retried');
+      if (retry.delayMs === FLOW_RETRY_MS) {
+        this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason: 'ConntrackFailed', action: 'Sync', note: `${family}: ${msg}` });
+      }
+      clearTimeout(retry.timer);
+      retry.timer = setTimeout(() => this.coalescer.request({ verify: false }), retry.delayMs);
+      retry.delayMs = Math.min(retry.delayMs * 2, FLOW_RETRY_MAX_MS);
+    }
   }
 
   /** Problems become Warning Events on their Service and log lines, once per distinct problem. */

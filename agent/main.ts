@@ -29,7 +29,7 @@ export const AGENT_SPEC: CommandSpec = {
     { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, help: 'packet-mark bit that asks for masquerading (13 is 0x2000; kube-proxy uses 14 and 15)' },
     { name: 'max-ports-per-service', type: 'int', default: 256, min: 1, max: 65535, help: 'Services with more ports are skipped with a Warning Event' },
     { name: 'min-sync-interval', type: 'duration', default: 250, min: 0, help: 'shortest time between two syncs; changes in between are coalesced' },
-    { name: 'resync-period', type: 'duration', default: 30_000, min: 1000, help: 'full check (canary, jumps, sysctls) at least this often' },
+    { name: 'resync-period', type: 'duration', default: 30_000, min: 1000, help: 'verifying sync (sysctls, pier chains and jumps read back and healed) at least this often' },
     { name: 'health-address', type: 'string', default: '0.0.0.0', help: 'address for /healthz, /readyz and /metrics' },
     { name: 'health-port', type: 'int', default: 10265, min: 0, max: 65535, help: 'port for /healthz, /readyz and /metrics (0 picks a free one)' },
     { name: 'lease-duration', type: 'duration', default: 20_000, min: 1000, help: 'how long the Lease stays valid without renewal' },

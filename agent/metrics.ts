@@ -43,6 +43,24 @@ export function agentMetrics() {
       help: 'Unix time of the last sync in which every family applied.',
       registers: [registry],
     }),
+    conntrackDeleted: new Counter({
+      name: 'pier_agent_conntrack_deleted_total',
+      help: 'Conntrack entries of UDP and SCTP flows deleted because a rule change left them pinned to an old outcome.',
+      labelNames: ['family', 'protocol'] as const,
+      registers: [registry],
+    }),
+    conntrackErrors: new Counter({
+      name: 'pier_agent_conntrack_errors_total',
+      help: 'Failed clean-ups of stale conntrack entries (retried; the rules are in place).',
+      labelNames: ['family'] as const,
+      registers: [registry],
+    }),
+    drift: new Counter({
+      name: 'pier_agent_drift_total',
+      help: 'pier chains (kind="chain") and jumps into them (kind="jump") that a verifying resync found changed from outside, and rewrote.',
+      labelNames: ['family', 'table', 'kind'] as const,
+      registers: [registry],
+    }),
     problems: new Gauge({
       name: 'pier_agent_service_problems',
       help: 'Service ports skipped because of bad input, by reason.',

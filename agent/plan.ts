@@ -1,7 +1,8 @@
 // `pier plan`: the agent's rules for one node and family, from manifests on
 // disk, with no cluster: the same model and renderer the agent uses, printed
 // as a complete `iptables-restore --noflush` input (jumps included) that
-// yields exactly the agent's ruleset on an empty host, or as single commands.
+// yields exactly the agent's ruleset on an empty host, or as single commands,
+// followed by the conntrack clean-up the agent makes after applying them.
 import { parseCommand, type CommandSpec } from '../lib/command.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../lib/contract.ts';
 import { nodeAddresses } from './agent.ts';
@@ -9,6 +10,7 @@ import { ManifestError, readManifests } from './manifests.ts';
 import { buildModel } from './model.ts';
 import { renderRuleset } from './render.ts';
 import { commandsText, planText } from './restore.ts';
+import { describeCheck, flowFrontends, frontendsToCheck } from './conntrack.ts';
 
 export const PLAN_SPEC: CommandSpec = {
   name: 'plan',
@@ -71,5 +73,7 @@ export async function runPlan(argv: string[]): Promise<number> {
   const family = v['family'] as Family;
   const ruleset = renderRuleset(model[family], { markBit: 1 << (v['masquerade-bit'] as number) });
   process.stdout.write(v['format'] === 'commands' ? commandsText(ruleset, family) : planText(ruleset));
+  // What the agent deletes once these rules are in place, as comments both formats allow.
+  process.stdout.write(frontendsToCheck(undefined, flowFrontends(model[family])).map(describeCheck).join(''));
   return 0;
 }

@@ -28,17 +28,20 @@
 //   PIER_BENCH_RSS_PORTS=10000        ports for the memory measurement (0: skip)
 //   PIER_BENCH_DUAL_PORTS=10000       ports per family for the dual-stack cold sync (0: skip)
 //   PIER_BENCH_DUAL_REPEAT=5          its repetitions (median)
+//
+// At PIER_BENCH_DUAL_PORTS, the verifying resyncs too: with nothing drifted
+// and with one chain flushed from outside, PIER_BENCH_REPEAT times each.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { Applier, eachFamily, planJumps, type ApplyResult } from '../agent/applier.ts';
+import { Applier, eachFamily, findDrift, planJumps, type ApplyResult } from '../agent/applier.ts';
 import { HeadStart } from '../agent/headstart.ts';
 import { Xtables, commandRunner, type Backend } from '../agent/iptables.ts';
 import { buildModel } from '../agent/model.ts';
 import { SyncPipeline } from '../agent/pipeline.ts';
 import { renderRuleset, type Ruleset } from '../agent/render.ts';
-import { restoreText, splitRule } from '../agent/restore.ts';
+import { parseSave, restoreText, splitRule } from '../agent/restore.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../test/lab/scratch.ts';
 import { ROOT, transpile } from './transpile.ts';
@@ -355,6 +358,58 @@ if (dualPorts > 0) {
   row(`${dualPorts} ports per family, dual-stack: cold sync`, `${fmt(d.sideBySide)} (raw restores one after the other ${fmt(d.rawSequential)}, ratio ${(d.sideBySide / d.rawSequential).toFixed(2)})`);
   row(`${dualPorts} ports per family:   raw restores side by side`, `${fmt(d.rawSideBySide)} (the cold sync's ratio to it ${(d.sideBySide / d.rawSideBySide).toFixed(2)})`);
   row(`${dualPorts} ports per family:   the families one after the other`, `${fmt(d.oneByOne)} (${(d.oneByOne / d.sideBySide).toFixed(2)}x the cold sync)`);
+
+  // Verifying resyncs (the agent's periodic ones): each family's
+  // iptables-save read and compared with what was applied, nothing written
+  // when nothing drifted; then with one dispatch chain of IPv4's nat table
+  // flushed from outside before each, healed by a restore of that chain.
+  await withScratch(async (s, xt, xt6) => {
+    const p = pipeline();
+    const appliers = { ipv4: new Applier(xt), ipv6: new Applier(xt6) };
+    await eachFamily(backend, families, (f) => appliers[f].apply(rulesets(p)[f]));
+    const verify = async (only?: Family) => {
+      const t0 = performance.now();
+      const rs = rulesets(p);
+      const out = await eachFamily(backend, only ? [only] : families, (f) => appliers[f].apply(rs[f], { verify: true }));
+      return { ms: ms(t0), out };
+    };
+    const chain = [...rulesets(p).ipv4.tables.nat.chains.keys()].find((c) => c.startsWith('PIER-SVCS-'))!;
+    const flush = () => s.exec(backend === 'nft' ? 'iptables-nft' : 'iptables-legacy', ['-t', 'nat', '-F', chain]);
+    const v = { both: [] as number[], ipv4: [] as number[], ipv6: [] as number[], save4: [] as number[], save6: [] as number[], parse4: [] as number[], compare4: [] as number[], drift4: [] as number[], driftBoth: [] as number[] };
+    let healBytes = 0;
+    for (let r = 0; r < repeat; r++) {
+      for (const [key, only] of [['both', undefined], ['ipv4', 'ipv4'], ['ipv6', 'ipv6']] as const) {
+        const { ms: t, out } = await verify(only);
+        if (out.some((o) => o.mode !== 'noop')) throw new Error(`expected no-op verifying syncs, got ${out.map((o) => o.mode).join(', ')}`);
+        v[key].push(t);
+      }
+      for (const [key, x] of [['save4', xt], ['save6', xt6]] as const) {
+        const t0 = performance.now();
+        const text = await x.save();
+        v[key].push(ms(t0));
+        if (key !== 'save4') continue;
+        // The applier's own share: parse the save, compare, build the (empty) payload.
+        const c0 = performance.now();
+        const saved = parseSave(text);
+        v.parse4.push(ms(c0));
+        const c1 = performance.now();
+        if (findDrift(rulesets(p).ipv4, saved)) throw new Error('the save differs from what was applied');
+        v.compare4.push(ms(c1));
+      }
+      for (const [key, only] of [['drift4', 'ipv4'], ['driftBoth', undefined]] as const) {
+        await flush();
+        const { ms: t, out } = await verify(only);
+        if (out[0]!.mode !== 'partial' || out[0]!.drift?.chains.length !== 1) throw new Error(`expected one drifted chain healed, got ${JSON.stringify(out[0])}`);
+        healBytes = out[0]!.payloadBytes;
+        v[key].push(t);
+      }
+    }
+    const md = (k: keyof typeof v) => fmt(median(v[k]));
+    row(`${dualPorts} ports per family: verifying sync, nothing drifted`, `${md('both')} both families (IPv4 alone ${md('ipv4')}, IPv6 alone ${md('ipv6')})`);
+    row(`${dualPorts} ports per family:   of which iptables-save alone`, `IPv4 ${md('save4')}, IPv6 ${md('save6')}`);
+    row(`${dualPorts} ports per family:   of which parsing it, and comparing (IPv4)`, `${md('parse4')}, ${md('compare4')} (rendering again included)`);
+    row(`${dualPorts} ports per family: verifying sync, one chain drifted`, `${md('driftBoth')} both families (IPv4 alone ${md('drift4')}; restore of ${healBytes} bytes)`);
+  });
 }
 
 const big = Math.max(...sizes);

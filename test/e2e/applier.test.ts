@@ -199,8 +199,14 @@ describe('Applier', () => {
     await a.apply(ruleset(10));
     await s.exec('iptables', ['-t', 'nat', '-F']);
     expect((await a.apply(ruleset(10))).mode).toBe('noop'); // an event-driven sync trusts its memory
+    calls.length = 0;
     const r = await a.apply(ruleset(10), { verify: true });
-    expect(r).toMatchObject({ mode: 'full', reason: expect.stringContaining('canary') });
+    expect(r).toMatchObject({ mode: 'partial', jumpsInserted: 3 });
+    expect(r.drift!.chains.map((c) => `${c.table} ${c.chain} ${c.state}`).sort()).toEqual(
+      [...ruleset(10).tables.nat.chains].filter(([, rules]) => rules.length > 0).map(([c]) => `nat ${c} changed`).sort(),
+    );
+    expect(r.drift!.jumps).toEqual([{ table: 'nat', missing: 3, unwanted: 0 }]);
+    expect(calls.map((c) => c.file)).toEqual(['iptables-nft-save', 'iptables-nft-restore']);
     expect(await pierState()).toEqual(await expected(ruleset(10)));
   });
 
@@ -211,9 +217,49 @@ describe('Applier', () => {
     const jump = rs.tables.filter.jumps[0]!;
     await s.exec('iptables', ['-t', 'filter', '-D', jump.chain, ...jump.rule.match(/"[^"]*"|\S+/g)!.map((w) => w.replace(/^"|"$/g, ''))]);
     const r = await a.apply(rs, { verify: true });
-    expect(r).toMatchObject({ mode: 'noop', jumpsInserted: 1 });
+    expect(r).toMatchObject({ mode: 'partial', jumpsInserted: 1, drift: { chains: [], jumps: [{ table: 'filter', missing: 1, unwanted: 0 }] } });
     expect(await pierState()).toEqual(await expected(rs));
   });
+
+  for (const backend of ['nft', 'legacy'] as const) {
+    it(`a verifying sync over an intact kernel (${backend}) reads one iptables-save and writes nothing; a changed chain, a foreign rule and a stray chain are rewritten in one restore`, async () => {
+      const bin = backend === 'nft' ? 'iptables-nft' : 'iptables-legacy';
+      const mine: Runner = (file, args, input) => {
+        const result = commandRunner(['ip', 'netns', 'exec', s.ns])(file, args, input);
+        calls.push({ file, args, input, result });
+        return result;
+      };
+      const a = new Applier(new Xtables('ipv4', backend, mine));
+      const rs = ruleset(300);
+      await a.apply(rs);
+      const kernel = async () => (await s.exec(`${bin}-save`, [])).stdout.split('\n').filter((l) => l.startsWith('-') || l.startsWith(':')).map((l) => l.replace(/\[\d+:\d+\]/, ''));
+      const before = await kernel();
+      calls.length = 0;
+      expect(await a.apply(rs, { verify: true })).toEqual({ family: 'ipv4', mode: 'noop', payloadBytes: 0, jumpsInserted: 0, drift: undefined });
+      expect(calls.map((c) => c.file)).toEqual([`${bin}-save`]);
+
+      const [leaf] = [...rs.tables.nat.chains].find(([c]) => c.startsWith('PIER-SVCS-'))!;
+      await s.exec(bin, ['-t', 'nat', '-D', leaf, '2']);
+      await s.exec(bin, ['-t', 'filter', '-I', 'PIER-FORWARD', '2', '-s', '203.0.113.9/32', '-j', 'ACCEPT']);
+      await s.exec(bin, ['-t', 'filter', '-N', 'PIER-STRAY']);
+      calls.length = 0;
+      const r = await a.apply(rs, { verify: true });
+      expect(r.mode).toBe('partial');
+      expect(r.drift).toEqual({
+        chains: [
+          { table: 'nat', chain: leaf, state: 'changed', lost: 1, added: 0 },
+          { table: 'filter', chain: 'PIER-FORWARD', state: 'changed', lost: 0, added: 1 },
+          { table: 'filter', chain: 'PIER-STRAY', state: 'unwanted', lost: 0, added: 0 },
+        ],
+        jumps: [],
+      });
+      expect(calls.map((c) => c.file)).toEqual([`${bin}-save`, `${bin}-restore`]);
+      // Only the three chains are named in the payload.
+      expect((await calls[1]!.input)!.split('\n').filter((l) => l.startsWith(':'))).toEqual([`:${leaf} - [0:0]`, ':PIER-FORWARD - [0:0]', ':PIER-STRAY - [0:0]']);
+      expect(await kernel()).toEqual(before);
+      await removeAll(new Xtables('ipv4', backend, mine));
+    });
+  }
 
   it('rewrites both families side by side through nft, each ending exactly as it would alone', async () => {
     // Restores whose payload has been handed over and that have not finished.

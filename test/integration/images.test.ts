@@ -65,6 +65,14 @@ async function deployedContainers(images: BuiltImages): Promise<{ where: string;
   return found;
 }
 
+/** A Kubernetes memory quantity in MiB (binary and decimal suffixes, as deploy/ may write them). */
+function mebibytes(quantity: string): number {
+  const m = /^(\d+(?:\.\d+)?)(Ki|Mi|Gi|k|M|G)?$/.exec(quantity);
+  if (!m) throw new Error(`not a memory quantity: ${quantity}`);
+  const factor = { Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, k: 1e3, M: 1e6, G: 1e9 }[m[2] as 'Ki'] ?? 1;
+  return (Number(m[1]) * factor) / 2 ** 20;
+}
+
 /** A pod's security settings as runc options: user, read-only root, the capabilities left after dropping ALL. */
 function securityOf(container: V1Container, workload: V1Deployment | V1DaemonSet): Pick<RunOptions, 'user' | 'readOnlyRoot' | 'capabilities'> {
   const pod = workload.spec!.template.spec!.securityContext ?? {};
@@ -107,12 +115,12 @@ describe('the images, as buildah built them', () => {
 
   it.each(PIER)('%s: runs the CLI from /app with the entry point the manifests rely on, its subcommand by default', (image) => {
     const config = configs[image];
-    // node, its flags (the agent's keep its heap small), the bundled CLI.
+    // node, its flags (both keep their heap small), the bundled CLI.
     const [program, ...rest] = config.Entrypoint ?? [];
     expect(program).toBe('node');
     expect(rest.at(-1)).toBe(BUNDLE);
+    expect(rest.length).toBeGreaterThan(1);
     for (const flag of rest.slice(0, -1)) expect(flag).toMatch(/^--[a-z-]+(=\S+)?$/);
-    if (image === 'controller') expect(rest).toEqual([BUNDLE]);
     expect(config.WorkingDir).toBe('/app');
     expect(config.Cmd).toEqual([image]);
     expect(envOf(config)['NODE_ENV']).toBe('production');
@@ -145,6 +153,19 @@ describe('the images, as buildah built them', () => {
     expect(bench.slice(1, -1).filter((f) => f !== '--expose-gc')).toEqual(flags);
   });
 
+  it('controller: its old generation is bounded below the memory limit deploy/ gives it, with room for the rest of the process', async () => {
+    const flags = (configs.controller.Entrypoint ?? []).slice(1, -1);
+    const bound = flags.map((f) => /^--max-old-space-size=(\d+)$/.exec(f)).find(Boolean);
+    expect(bound, `no --max-old-space-size in ${JSON.stringify(flags)}`).toBeTruthy();
+    const heapMiB = Number(bound![1]);
+    const { container } = (await deployedContainers(images)).find((c) => c.where === 'base: Deployment pier-controller/controller')!;
+    const limitMiB = mebibytes(String(container.resources?.limits?.['memory']));
+    const requestMiB = mebibytes(String(container.resources?.requests?.['memory']));
+    // Code, the young generation, buffers and the node binary's pages take ~80-100 MB beside the heap (bench/README.md).
+    expect(limitMiB - heapMiB).toBeGreaterThanOrEqual(96);
+    expect(requestMiB).toBeLessThan(limitMiB);
+  });
+
   it.each(PIER)('%s: /app holds the bundled CLI, its source map, the licences of what it bundles and package.json, and nothing else', async (image) => {
     const mounted = await mountImage(images, image);
     try {
@@ -175,6 +196,12 @@ describe('the images, as buildah built them', () => {
       const name = family === 'ipv4' ? 'iptables' : 'ip6tables';
       expect(lines[i], bin).toMatch(new RegExp(`^${name}(-${backend})?(-save|-restore)? v1\\.8\\.\\d+ \\(${backend === 'nft' ? 'nf_tables' : 'legacy'}\\)$`));
     });
+  });
+
+  it('agent: conntrack, which deletes stale UDP and SCTP flows, runs in the image', async () => {
+    const r = await runContainer(images, 'agent', { command: ['conntrack', '--version'] });
+    expect(r.exitCode, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^conntrack v1\.4\.\d+ \(conntrack-tools\)/);
   });
 
   it.each(['agent', 'controller', 'echo'] as const)('%s: runs Node 24, the version its NODE_VERSION names', async (image) => {

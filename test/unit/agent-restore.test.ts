@@ -4,7 +4,8 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel } from '../../agent/model.ts';
-import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
+import { driftLogFields, findDrift, healJumps, healText } from '../../agent/applier.ts';
+import { renderRuleset, TABLES, type Ruleset, type TableName } from '../../agent/render.ts';
 import { commandsText, parseSave, planText, restoreText, splitRule, type SavedTables } from '../../agent/restore.ts';
 import { MARK, toInput, worldArb } from './agent-fixtures.ts';
 
@@ -45,6 +46,18 @@ function restore(state: SavedTables, payload: string): SavedTables {
       const target = / -j (\S+)/.exec(line)![1]!;
       if (target.startsWith('PIER-') && !table!.has(target)) throw new Error(`jump to missing chain ${target}`);
       rules.push(rest.join(' '));
+    } else if (line.startsWith('-D ') || line.startsWith('-I ')) {
+      const [op, chain, ...rest] = line.split(' ');
+      const rules = table!.get(chain!);
+      if (!rules) throw new Error(`${op} in missing chain ${chain}`);
+      if (op === '-I') {
+        if (rest[0] !== '1') throw new Error(`-I at ${rest[0]}`);
+        rules.unshift(rest.slice(1).join(' '));
+      } else {
+        const at = rules.indexOf(rest.join(' '));
+        if (at < 0) throw new Error(`-D of a rule ${chain} does not hold: ${rest.join(' ')}`);
+        rules.splice(at, 1);
+      }
     } else if (line.startsWith('-X ')) {
       const chain = line.slice(3);
       if (!table!.has(chain)) throw new Error(`-X of missing chain ${chain}`);
@@ -228,6 +241,188 @@ describe('restoreText', () => {
       }),
       { numRuns: 30 },
     );
+  });
+});
+
+describe('findDrift and healText: the kernel against what was applied', () => {
+  const FOREIGN = '-s 203.0.113.9/32 -m comment --comment "not pier" -j RETURN';
+
+  /** Ways the kernel's pier state gets changed behind pier's back, each returning the chains it touched. */
+  type Mutation = (state: SavedTables, r: Ruleset, pick: number) => { table: TableName; chain: string }[];
+  const pierChainsOf = (r: Ruleset, pick: number) => {
+    const all = TABLES.flatMap((table) => [...r.tables[table].chains.keys()].map((chain) => ({ table, chain })));
+    return all[pick % all.length]!;
+  };
+  const mutations: Record<string, Mutation> = {
+    'flush a chain': (state, r, pick) => {
+      const c = pierChainsOf(r, pick);
+      if (r.tables[c.table].chains.get(c.chain)!.length === 0) return [];
+      state.get(c.table)!.set(c.chain, []);
+      return [c];
+    },
+    'delete one rule': (state, r, pick) => {
+      const c = pierChainsOf(r, pick);
+      const rules = state.get(c.table)!.get(c.chain)!;
+      if (rules.length === 0) return [];
+      rules.splice(pick % rules.length, 1);
+      return [c];
+    },
+    'insert a foreign rule': (state, r, pick) => {
+      const c = pierChainsOf(r, pick);
+      const rules = state.get(c.table)!.get(c.chain)!;
+      rules.splice(pick % (rules.length + 1), 0, FOREIGN);
+      return [c];
+    },
+    'delete an unreferenced chain': (state, r, pick) => {
+      const c = pierChainsOf(r, pick);
+      const table = state.get(c.table)!;
+      if ([...table.values()].some((rules) => rules.some((rule) => rule.endsWith(`-j ${c.chain}`)))) return [];
+      table.delete(c.chain);
+      return [c];
+    },
+    'add a stray pier chain with a jump to it': (state) => {
+      state.get('filter')!.set('PIER-STRAY', ['-j DROP']);
+      state.get('filter')!.get('FORWARD')!.unshift('-j PIER-STRAY');
+      return [{ table: 'filter', chain: 'PIER-STRAY' }];
+    },
+    'delete a jump': (state, r, pick) => {
+      const table = TABLES[pick % 2]!;
+      const j = r.tables[table].jumps[pick % r.tables[table].jumps.length]!;
+      const rules = state.get(table)!.get(j.chain)!;
+      rules.splice(rules.indexOf(j.rule), 1);
+      return [];
+    },
+    'duplicate a jump': (state, r, pick) => {
+      const table = TABLES[pick % 2]!;
+      const j = r.tables[table].jumps[pick % r.tables[table].jumps.length]!;
+      state.get(table)!.get(j.chain)!.push(j.rule);
+      return [];
+    },
+    'swap two jumps': (state) => {
+      state.get('filter')!.get('OUTPUT')!.reverse();
+      return [];
+    },
+    'flush a whole table': (state, r, pick) => {
+      const table = TABLES[pick % 2]!;
+      const t = state.get(table)!;
+      // As `iptables -t nat -F`, but sparing the other program's chain this test checks is left alone.
+      for (const chain of t.keys()) if (chain !== 'KUBE-SERVICES') t.set(chain, []);
+      return [...r.tables[table].chains].filter(([, rules]) => rules.length > 0).map(([chain]) => ({ table, chain }));
+    },
+  };
+
+  it('finds nothing, and writes nothing, when the kernel holds what was applied', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        for (const r of rulesets(w)) {
+          expect(findDrift(r, stateOf(r))).toBeUndefined();
+          expect(healText(r, stateOf(r))).toEqual({ payload: '', jumpsInserted: 0 });
+        }
+      }),
+      { numRuns: 100 },
+    );
+  });
+
+  it('names every chain changed from outside, and one restore brings back exactly what was applied, leaving what is not pier\'s', () => {
+    fc.assert(
+      fc.property(worldArb, fc.subarray(Object.keys(mutations), { minLength: 1 }), fc.nat(), (w, chosen, pick) => {
+        for (const r of rulesets(w)) {
+          const state = stateOf(r);
+          state.get('nat')!.set('KUBE-SERVICES', ['-j RETURN']);
+          const want = clone(state);
+          const touched = chosen.flatMap((m, i) => mutations[m]!(state, r, pick + i * 7));
+          const drift = findDrift(r, state);
+          const found = new Set((drift?.chains ?? []).map((c) => `${c.table} ${c.chain}`));
+          for (const c of touched) {
+            // A later mutation may have undone an earlier one (a rule deleted, then the chain flushed, say).
+            const now = state.get(c.table)!.get(c.chain);
+            const before = want.get(c.table)!.get(c.chain);
+            const same = now !== undefined && before !== undefined && now.join('\n') === before.join('\n');
+            expect(found.has(`${c.table} ${c.chain}`), `${chosen.join(', ')}: ${c.table} ${c.chain}`).toBe(!same);
+          }
+          const { payload } = healText(r, state);
+          expect(canonical(restore(state, payload))).toEqual(canonical(want));
+          expect(payload).not.toContain('KUBE-SERVICES');
+          // Chains left as they were are not written.
+          let table = '';
+          for (const line of payload.split('\n')) {
+            if (line.startsWith('*')) table = line.slice(1);
+            if (line.startsWith(':')) expect(found.has(`${table} ${line.slice(1).split(' ')[0]}`), `${line} is written only when it drifted`).toBe(true);
+          }
+          expect(payload === '', 'a payload exactly when something drifted').toBe(drift === undefined);
+        }
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('counts rules lost and added per chain, and says a chain is missing or unwanted', () => {
+    const [r] = rulesets({ services: [] });
+    const state = stateOf(r!);
+    const post = state.get('nat')!.get('PIER-POSTROUTING')!;
+    post.splice(1, 1);
+    post.push(FOREIGN, FOREIGN);
+    state.get('filter')!.delete('PIER-CANARY');
+    state.get('nat')!.set('PIER-OLD', ['-j RETURN']);
+    state.get('nat')!.get('PREROUTING')!.length = 0;
+    expect(findDrift(r!, state)).toEqual({
+      chains: [
+        { table: 'nat', chain: 'PIER-POSTROUTING', state: 'changed', lost: 1, added: 2 },
+        { table: 'nat', chain: 'PIER-OLD', state: 'unwanted', lost: 0, added: 1 },
+        { table: 'filter', chain: 'PIER-CANARY', state: 'missing', lost: 1, added: 0 },
+      ],
+      jumps: [{ table: 'nat', missing: 1, unwanted: 0 }],
+    });
+    // A reordered chain differs with nothing lost or added.
+    const swapped = stateOf(r!);
+    swapped.get('nat')!.get('PIER-POSTROUTING')!.reverse();
+    expect(findDrift(r!, swapped)!.chains).toEqual([{ table: 'nat', chain: 'PIER-POSTROUTING', state: 'changed', lost: 0, added: 0 }]);
+  });
+
+  it('heals drift and applies a new ruleset in the same payload', () => {
+    fc.assert(
+      fc.property(worldArb, worldArb, fc.nat(), (w1, w2, pick) => {
+        const [a4, a6] = rulesets(w1);
+        const [b4, b6] = rulesets(w2);
+        for (const [applied, next] of [[a4, b4], [a6, b6]] as const) {
+          const state = stateOf(applied);
+          mutations['flush a chain']!(state, applied, pick);
+          mutations['delete a jump']!(state, applied, pick);
+          expect(canonical(restore(state, healText(next, state).payload))).toEqual(canonical(stateOf(next)));
+        }
+      }),
+      { numRuns: 100 },
+    );
+  });
+
+  it('puts a missing jump back in its rendered place among the others of its chain', () => {
+    const [r] = rulesets({ services: [] });
+    const state = stateOf(r!);
+    const input = state.get('filter')!.get('INPUT')!;
+    expect(input).toHaveLength(2);
+    input.shift();
+    const edits = healJumps(r!, 'filter', state.get('filter'));
+    expect(edits.missing).toBe(1);
+    // Only INPUT's jumps are touched; OUTPUT's are all there.
+    expect(new Set(edits.insert.map((j) => j.chain))).toEqual(new Set(['INPUT']));
+    expect(canonical(restore(state, healText(r!, state).payload))).toEqual(canonical(stateOf(r!)));
+  });
+
+  it('logs a bounded summary however much drifted', () => {
+    const many: Ruleset = {
+      family: 'ipv4',
+      tables: {
+        nat: { chains: new Map(Array.from({ length: 5000 }, (_, i) => [`PIER-SVCS-${i}`, ['-j RETURN', '-j ACCEPT']])), jumps: [] },
+        filter: { chains: new Map(), jumps: [] },
+      },
+    };
+    const state = emptyState();
+    for (const chain of many.tables.nat.chains.keys()) state.get('nat')!.set(chain, []);
+    const fields = driftLogFields(findDrift(many, state)!);
+    expect(fields).toMatchObject({ chainsChanged: 5000, chainsMissing: 0, chainsUnwanted: 0, rulesLost: 10000, rulesAdded: 0, moreChains: 4990 });
+    expect(fields.chains).toHaveLength(10);
+    expect((fields.chains as string[])[0]).toBe('nat PIER-SVCS-0: changed, 2 rules lost, 0 added');
+    expect(JSON.stringify(fields).length).toBeLessThan(2000);
   });
 });
 
