@@ -117,7 +117,14 @@ export interface AllocateInput {
   nodes: V1Node[];
   slices: V1EndpointSlice[];
   leases: V1Lease[];
-  /** Milliseconds since the epoch; Lease freshness is judged against it. */
+  /**
+   * Per agent Lease name: until when its agent counts as alive, as its
+   * observer judged (lib/lease.ts sightedFreshUntil), on the clock of `now`.
+   * A Lease without an entry counts as expired. Without the map, each Lease
+   * is judged by its own renewTime + leaseDurationSeconds against `now`.
+   */
+  leaseFreshUntil?: ReadonlyMap<string, number>;
+  /** Lease freshness is judged against it: the clock of leaseFreshUntil, else milliseconds since the epoch. */
   now: number;
   config: AllocatorConfig;
 }
@@ -207,15 +214,17 @@ function readNodes(input: AllocateInput): NodeView[] {
       leases.set(name, [...(leases.get(name) ?? []), lease]);
     }, undefined);
   }
+  const until = input.leaseFreshUntil;
+  const isFresh = (l: V1Lease) => (until ? (until.get(l.metadata?.name ?? '') ?? Number.NEGATIVE_INFINITY) > input.now : leaseIsFresh(l, input.now));
   const views: NodeView[] = [];
   for (const node of uniqueBy(input.nodes ?? [], (n) => n?.metadata?.name ?? '')) {
-    const view = safely(() => readNode(node, leases, input.now, config), undefined);
+    const view = safely(() => readNode(node, leases, isFresh, config), undefined);
     if (view) views.push(view);
   }
   return views.sort((a, b) => compareText(a.name, b.name));
 }
 
-function readNode(node: V1Node, leases: Map<string, V1Lease[]>, now: number, config: AllocatorConfig): NodeView | undefined {
+function readNode(node: V1Node, leases: Map<string, V1Lease[]>, isFresh: (l: V1Lease) => boolean, config: AllocatorConfig): NodeView | undefined {
   const name = node.metadata?.name;
   if (typeof name !== 'string' || name === '') return undefined;
   const labels = node.metadata?.labels ?? {};
@@ -223,7 +232,7 @@ function readNode(node: V1Node, leases: Map<string, V1Lease[]>, now: number, con
   // Several Leases of one name cannot come from one API server; if a caller
   // passes them anyway, any healthy one counts, which no order can change.
   const mine = leases.get(agentLeaseName(name)) ?? [];
-  const fresh = mine.filter((l) => safely(() => leaseIsFresh(l, now), false));
+  const fresh = mine.filter((l) => safely(() => isFresh(l), false));
   const forwards = (annotation: string) => fresh.some((l) => l.metadata?.annotations?.[annotation] === 'true');
   const view: NodeView = {
     name,

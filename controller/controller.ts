@@ -14,7 +14,7 @@ import { startHealthServer } from '../lib/health.ts';
 import type { InformerEvent } from '../lib/informer.ts';
 import { requestOptions } from '../lib/kube.ts';
 import { LeaderElector, type LeaderTimings } from '../lib/leader.ts';
-import { apiStatus, leaseIsFresh } from '../lib/lease.ts';
+import { apiStatus, sightLease, sightedFreshUntil, type LeaseSighting } from '../lib/lease.ts';
 import type { Logger } from '../lib/log.ts';
 import { WorkQueue, runWorkers } from '../lib/workqueue.ts';
 import { allocate, serviceKey, type AllocatorConfig, type ServiceAllocation } from './allocate.ts';
@@ -98,6 +98,10 @@ export class Controller {
   private reported = new Map<string, Set<string>>();
   /** Per agent Lease, what allocation reads from it (freshness, forwarding) as of the last allocation. */
   private leaseViews = new Map<string, string>();
+  /** Per agent Lease, when this replica last saw it change (lib/lease.ts). */
+  private readonly sightings = new Map<string, LeaseSighting>();
+  /** performance.now() when this replica's view of the API last (re)started: every agent alive then gets a full Lease duration from it. */
+  private graceFrom = Number.NEGATIVE_INFINITY;
   private ipModeDropped = false;
   /** Per Service, the resourceVersion this replica's last write produced, until its watch event comes back. */
   private readonly ownWrites = new Map<string, string>();
@@ -136,6 +140,7 @@ export class Controller {
         ...cfg.leaderElection,
         onStartedLeading: () => this.startLeading(),
         onStoppedLeading: () => this.stopLeading(),
+        onResumed: () => this.viewResumed('the leader-election Lease is written again after failed or hung attempts'),
         log: this.log,
       });
     }
@@ -161,6 +166,7 @@ export class Controller {
     this.nodes.onChange(changed);
     this.slices.onChange(changed);
     this.leases.onChange((lease, event) => this.onLeaseChange(lease, event));
+    this.leases.onResume(() => this.viewResumed('the Lease watch resumed'));
     for (const inf of [this.services, this.nodes, this.slices, this.leases]) inf.start();
     // The first allocation must see every existing status, or it could hand a
     // port to the wrong Service and move things on a mere restart.
@@ -227,10 +233,13 @@ export class Controller {
     this.seedPending = true;
     this.reported.clear();
     this.metrics.leader.set(1);
+    // A new term may follow an outage that held the agents' renewals back.
+    this.graceFrom = performance.now();
     // A standby keeps its allocation current: the writes it calls for start
     // now, not after the next allocation. What changed since is skipped by
-    // handle() (another resourceVersion) and queued again by that allocation.
-    if (this.synced && this.allocations > 0) this.queueWrites(this.services.list(), this.desired);
+    // handle() (another resourceVersion) and queued again by that allocation;
+    // an allocation that judged an agent otherwise than now is not written at all.
+    if (this.synced && this.allocations > 0 && !this.leasesChanged(performance.now())) this.queueWrites(this.services.list(), this.desired);
     this.requestAllocation();
   }
 
@@ -239,6 +248,14 @@ export class Controller {
     this.term?.abort(new Error('no longer the leader'));
     this.term = undefined;
     this.metrics.leader.set(0);
+  }
+
+  /** The view of the API was interrupted and is back: agents alive before get a full Lease duration from now. */
+  private viewResumed(why: string): void {
+    if (this.stopping) return;
+    this.graceFrom = performance.now();
+    this.log.info({ why }, 'the view of the API resumed; every live agent gets a full Lease duration from now');
+    this.requestAllocation();
   }
 
   private requestAllocation(): void {
@@ -251,9 +268,11 @@ export class Controller {
 
   private async allocateAll(): Promise<void> {
     const started = performance.now();
-    const now = Date.now();
+    // Leases are judged on the monotonic clock, by when they were seen to change.
+    const now = started;
     const services = this.services.list();
     const leases = this.agentLeases();
+    const freshUntil = this.judgeLeases(leases, now);
     let allocation: Map<string, ServiceAllocation>;
     try {
       allocation = allocate({
@@ -261,6 +280,7 @@ export class Controller {
         nodes: [...this.nodes.list()],
         slices: [...this.slices.list()],
         leases,
+        leaseFreshUntil: freshUntil,
         now,
         config: this.cfg.allocator,
       }).services;
@@ -270,12 +290,12 @@ export class Controller {
       return;
     }
     this.metrics.allocateDuration.observe((performance.now() - started) / 1000);
-    this.metrics.lastAllocation.set(now / 1000);
+    this.metrics.lastAllocation.set(Date.now() / 1000);
     this.allocations++;
     this.desired = allocation;
     this.allocatedVersion = new Map(services.map((s) => [serviceKey(s), s.metadata?.resourceVersion ?? '']));
-    this.leaseViews = new Map(leases.map((l) => [l.metadata?.name ?? '', leaseView(l, now)]));
-    this.scheduleLeaseCheck(now);
+    this.leaseViews = new Map(leases.map((l) => [l.metadata?.name ?? '', leaseView(l, (freshUntil.get(l.metadata?.name ?? '') ?? -Infinity) > now)]));
+    this.scheduleLeaseCheck(now, freshUntil.values());
     this.recordAllocationMetrics(allocation);
 
     if (!this.leading) return;
@@ -334,31 +354,67 @@ export class Controller {
   private onLeaseChange(lease: V1Lease, event: InformerEvent): void {
     const name = lease.metadata?.name ?? '';
     if (!name.startsWith(AGENT_LEASE_PREFIX)) return;
-    if (event === 'delete' || leaseView(lease, Date.now()) !== this.leaseViews.get(name)) this.requestAllocation();
+    if (event === 'delete') {
+      this.sightings.delete(name);
+      this.requestAllocation();
+      return;
+    }
+    const now = performance.now();
+    if (leaseView(lease, this.judgeLease(lease, now) > now) !== this.leaseViews.get(name)) this.requestAllocation();
+  }
+
+  /**
+   * Until when (performance.now() clock) the agent behind `lease` counts as
+   * alive, recording what was seen: the adapter around lib/lease.ts's pure
+   * judge. Once judged expired, a Lease stays so until it changes, so that a
+   * later grace never brings back an agent this replica saw go.
+   */
+  private judgeLease(lease: V1Lease, now: number): number {
+    const name = lease.metadata?.name ?? '';
+    const seen = sightLease(this.sightings.get(name), lease, now);
+    const view = { graceFrom: this.graceFrom, interrupted: this.viewInterrupted() };
+    const until = sightedFreshUntil(seen, view, now);
+    this.sightings.set(name, until <= now && !seen.expired ? { ...seen, expired: true } : seen);
+    return until;
+  }
+
+  /** The Lease watch failed and has not resumed, or the leader-election Lease cannot be written or read. */
+  private viewInterrupted(): boolean {
+    return this.leases.errorsSinceLastConnect > 0 || (this.elector?.interrupted ?? false);
+  }
+
+  /** judgeLease() of every agent Lease, by name; forgets the Leases that are gone. */
+  private judgeLeases(leases: readonly V1Lease[], now: number): Map<string, number> {
+    const out = new Map(leases.map((l) => [l.metadata?.name ?? '', this.judgeLease(l, now)]));
+    for (const name of this.sightings.keys()) if (!out.has(name)) this.sightings.delete(name);
+    return out;
+  }
+
+  /** Whether any agent Lease reads otherwise now than at the last allocation. */
+  private leasesChanged(now: number): boolean {
+    const leases = this.agentLeases();
+    const until = this.judgeLeases(leases, now);
+    return leases.some((l) => leaseView(l, (until.get(l.metadata?.name ?? '') ?? -Infinity) > now) !== this.leaseViews.get(l.metadata?.name ?? ''));
   }
 
   /**
    * A Lease expires without any event: wake up when the soonest one does, so
    * a dead node is dropped within its agent's lease duration.
    */
-  private scheduleLeaseCheck(now: number): void {
+  private scheduleLeaseCheck(now: number, freshUntil: Iterable<number>): void {
     clearTimeout(this.leaseTimer);
     let soonest = Infinity;
-    for (const l of this.agentLeases()) {
-      const expiry = leaseExpiry(l);
-      if (expiry > now && expiry < soonest) soonest = expiry;
-    }
+    for (const until of freshUntil) if (until > now && until < soonest) soonest = until;
     if (soonest === Infinity || this.stopping) return;
-    // leaseIsFresh() is strict, so one millisecond after the expiry it is stale.
+    // Fresh means strictly before the expiry, so just after it the agent is expired.
     this.leaseTimer = setTimeout(() => this.checkLeases(), soonest - now + 5);
     this.leaseTimer.unref();
   }
 
   private checkLeases(): void {
-    const now = Date.now();
-    const changed = this.agentLeases().some((l) => leaseView(l, now) !== this.leaseViews.get(l.metadata?.name ?? ''));
-    if (changed) this.requestAllocation();
-    else this.scheduleLeaseCheck(now);
+    const now = performance.now();
+    if (this.leasesChanged(now)) this.requestAllocation();
+    else this.scheduleLeaseCheck(now, this.judgeLeases(this.agentLeases(), now).values());
   }
 
   // -------------------------------------------------------------------------
@@ -515,15 +571,8 @@ function serviceRef(svc: V1Service): V1ObjectReference {
   return { apiVersion: 'v1', kind: 'Service', namespace: svc.metadata?.namespace, name: svc.metadata?.name, uid: svc.metadata?.uid };
 }
 
-function leaseExpiry(l: V1Lease): number {
-  const renew = l.spec?.renewTime;
-  const duration = l.spec?.leaseDurationSeconds;
-  if (!renew || !duration) return -Infinity;
-  return new Date(renew).getTime() + duration * 1000;
-}
-
 /** What allocate() reads from an agent Lease. */
-function leaseView(l: V1Lease, now: number): string {
+function leaseView(l: V1Lease, fresh: boolean): string {
   const a = l.metadata?.annotations ?? {};
-  return `${leaseIsFresh(l, now)}|${a[LEASE_FORWARDING_IPV4] ?? ''}|${a[LEASE_FORWARDING_IPV6] ?? ''}`;
+  return `${fresh}|${a[LEASE_FORWARDING_IPV4] ?? ''}|${a[LEASE_FORWARDING_IPV6] ?? ''}`;
 }

@@ -163,6 +163,9 @@ export class ResilientInformer<T extends KubernetesObject> {
   private isSynced = false;
   /** Errors since the last successful (re)connect, for health reporting. */
   private consecutiveErrors = 0;
+  /** A list ran since the watch last (re)started: after the first, a relist. */
+  private listed = false;
+  private readonly resumeCallbacks: (() => void)[] = [];
 
   constructor(opts: ResilientInformerOptions<T>) {
     this.name = opts.name;
@@ -174,7 +177,10 @@ export class ResilientInformer<T extends KubernetesObject> {
     const transform = opts.transform ?? dropManagedFields;
     this.watch = new BookmarkingWatch(opts.kc, () => this.onWatchStage(), transform);
     const pageSize = opts.pageSize ?? 500;
-    const list = () => listAll(opts.list, transform, pageSize, opts.onListPage);
+    const list = () => {
+      this.listed = true;
+      return listAll(opts.list, transform, pageSize, opts.onListPage);
+    };
     this.lw = new ListWatch<T>(opts.path, this.watch, list, false, opts.labelSelector, opts.fieldSelector);
     this.lw.on('error', (err) => this.onError(err));
   }
@@ -188,6 +194,15 @@ export class ResilientInformer<T extends KubernetesObject> {
     this.lw.on('add', (o) => cb(o, 'add'));
     this.lw.on('update', (o) => cb(o, 'update'));
     this.lw.on('delete', (o) => cb(o, 'delete'));
+  }
+
+  /**
+   * Calls `cb` each time the watch is running again after it failed, or
+   * after a relist (its resourceVersion had expired): what the cache held
+   * meanwhile may have been stale. Not called for the first list.
+   */
+  onResume(cb: () => void): void {
+    this.resumeCallbacks.push(cb);
   }
 
   start(): void {
@@ -221,11 +236,22 @@ export class ResilientInformer<T extends KubernetesObject> {
 
   private onWatchStage(): void {
     if (this.consecutiveErrors > 0) this.log.info({ errors: this.consecutiveErrors }, 'informer reconnected');
+    const resumed = this.isSynced && (this.consecutiveErrors > 0 || this.listed);
+    this.listed = false;
     this.consecutiveErrors = 0;
     this.delayMs = this.initialMs;
     if (!this.isSynced) {
       this.isSynced = true;
       this.markSynced();
+    }
+    if (resumed) {
+      for (const cb of this.resumeCallbacks) {
+        try {
+          cb();
+        } catch (err) {
+          this.log.error({ err: describe(err) }, 'a resume callback failed');
+        }
+      }
     }
   }
 

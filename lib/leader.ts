@@ -50,6 +50,13 @@ export interface LeaderElectorOptions extends LeaderTimings {
   onStoppedLeading: () => void;
   /** Called when the observed holder changes (an empty string: nobody holds it). */
   onNewLeader?: (identity: string) => void;
+  /**
+   * Called when an attempt succeeds after attempts that failed or one that
+   * hung for longer than the retry period: the API server was unreachable
+   * or stalled meanwhile (a stopped API server may keep every connection
+   * open), so what this replica's watches showed may have been stale.
+   */
+  onResumed?: () => void;
   log?: Logger;
 }
 
@@ -71,6 +78,10 @@ export class LeaderElector {
   private held: V1Lease | undefined;
   private observed: string | undefined;
   private failures = 0;
+  /** The last attempt failed; cleared by any answer. */
+  private lastFailed = false;
+  /** Local time the attempt in flight was sent. */
+  private attemptSince: number | undefined;
   private watchdog: NodeJS.Timeout | undefined;
   private sleepTimer: NodeJS.Timeout | undefined;
   private wake: (() => void) | undefined;
@@ -86,6 +97,12 @@ export class LeaderElector {
 
   get isLeader(): boolean {
     return this.leading;
+  }
+
+  /** Whether the API looks unreachable or stalled now: the last attempt failed, or the one in flight has taken longer than the retry period. */
+  get interrupted(): boolean {
+    if (this.stopped) return false;
+    return this.lastFailed || (this.attemptSince !== undefined && Date.now() - this.attemptSince > this.opts.retryPeriodMs);
   }
 
   /** The holder as last seen, '' when nobody holds the Lease, undefined before the first read. */
@@ -114,11 +131,15 @@ export class LeaderElector {
   private async loop(): Promise<void> {
     while (!this.stopped) {
       const sent = Date.now();
+      this.attemptSince = sent;
       const result = await this.tryAcquireOrRenew(sent);
+      this.attemptSince = undefined;
       if (this.stopped) {
         // A write that landed after stop() began still makes this replica the holder: release() needs to know.
         return;
       }
+      const resumed = result.kind !== 'error' && (this.lastFailed || Date.now() - sent > this.opts.retryPeriodMs);
+      this.lastFailed = result.kind === 'error';
       switch (result.kind) {
         case 'held':
           if (this.failures > 0) this.log.info({ failures: this.failures }, 'leader election: lease written again');
@@ -131,13 +152,16 @@ export class LeaderElector {
             this.opts.onStartedLeading();
           }
           this.armWatchdog();
+          if (resumed) this.opts.onResumed?.();
           break;
         case 'other':
           this.observe(result.holder);
           if (this.leading) this.stepDown(`the lease is held by ${result.holder}`);
+          if (resumed) this.opts.onResumed?.();
           break;
         case 'conflict':
           // Someone wrote in between: the next try reads what they wrote.
+          if (resumed) this.opts.onResumed?.();
           break;
         case 'error':
           this.failures++;

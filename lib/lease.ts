@@ -124,3 +124,53 @@ export function leaseIsFresh(lease: V1Lease, now: number = Date.now()): boolean 
   if (!renew || !duration) return false;
   return new Date(renew).getTime() + duration * 1000 > now;
 }
+
+// ---------------------------------------------------------------------------
+// Judging another's Lease by observation, as the node lifecycle controller
+// does: not from its renewTime against the local clock (skewed clocks, and
+// an API outage that held every renewal back), but from when this observer
+// last saw it change, on the observer's own monotonic clock.
+
+/** What an observer has seen of one Lease. Times are on the observer's monotonic clock (performance.now()). */
+export interface LeaseSighting {
+  /** spec.renewTime as last seen, only compared for change. */
+  renewTime: string;
+  /** When the observer first saw the Lease, or last saw its renewTime change. */
+  changedAt: number;
+  /** spec.leaseDurationSeconds as last seen, in ms; 0 without a valid one. */
+  durationMs: number;
+  /** Judged expired since it last changed: a later grace does not bring it back. */
+  expired: boolean;
+}
+
+/** The observer's own view of the API, on the same clock. */
+export interface ObserverView {
+  /** When the observer's view last (re)started: it began leading, or its watch or its own renewals resumed after failing or hanging. */
+  graceFrom: number;
+  /** Its view is interrupted now (a watch failed and has not resumed, its own renewals fail or hang): nothing it does not see is news. */
+  interrupted: boolean;
+}
+
+/** The sighting after seeing `lease` at `now`: a new renewTime (or a first sight) restarts it. */
+export function sightLease(prev: LeaseSighting | undefined, lease: V1Lease, now: number): LeaseSighting {
+  const renew = lease.spec?.renewTime;
+  const renewMs = renew ? new Date(renew).getTime() : Number.NaN;
+  const renewTime = Number.isNaN(renewMs) ? '' : String(renewMs);
+  const seconds = lease.spec?.leaseDurationSeconds;
+  const durationMs = typeof seconds === 'number' && seconds > 0 ? seconds * 1000 : 0;
+  if (!prev || prev.renewTime !== renewTime) return { renewTime, changedAt: now, durationMs, expired: false };
+  return prev.durationMs === durationMs ? prev : { ...prev, durationMs };
+}
+
+/**
+ * Until when (same clock) the Lease's holder counts as alive: a full Lease
+ * duration after it was last seen to change, and never less than a full
+ * duration after the observer's view (re)started; while that view is
+ * interrupted, a full duration from now. A Lease already judged expired
+ * stays so until it changes, and one without a duration never counts.
+ */
+export function sightedFreshUntil(s: LeaseSighting, view: ObserverView, now: number): number {
+  if (!(s.durationMs > 0) || s.renewTime === '' || s.expired) return Number.NEGATIVE_INFINITY;
+  const from = Math.max(s.changedAt, view.graceFrom, view.interrupted ? now : Number.NEGATIVE_INFINITY);
+  return from + s.durationMs;
+}

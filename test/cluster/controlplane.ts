@@ -51,6 +51,10 @@ export interface ControlPlane {
   killApiServer(): Promise<void>;
   /** Starts the first API server again, same address and port. */
   restartApiServer(): Promise<void>;
+  /** SIGSTOP: the first API server hangs with every connection left open, as a stalled server does. stop() continues it first. */
+  pauseApiServer(): void;
+  /** SIGCONT after pauseApiServer(); harmless when it runs. */
+  resumeApiServer(): void;
   /** Another API server on the same etcd (an HA replica), for changes while the first is down. */
   startExtraApiServer(): Promise<{ server: string; admin: KubeConfig; stop: () => Promise<void> }>;
   /** The CA and keys, for components that join (kubelets, kube-proxy). */
@@ -120,6 +124,8 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
   const stopAll = async () => {
     if (stopped) return;
     stopped = true;
+    // A stopped process handles SIGTERM only once it runs again.
+    for (const c of children) c.kill('SIGCONT');
     await Promise.all([...children].map((c) => terminate(c)));
     rmSync(dir, { recursive: true, force: true });
     unregister();
@@ -198,6 +204,13 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
       },
       async killApiServer() {
         await terminate(api.child, 'SIGKILL');
+      },
+      pauseApiServer() {
+        // setpriv execs kube-apiserver, so this is the server's own pid.
+        api.child.kill('SIGSTOP');
+      },
+      resumeApiServer() {
+        api.child.kill('SIGCONT');
       },
       async restartApiServer() {
         // The port was just released; the same one keeps clients' URLs valid.

@@ -770,6 +770,20 @@ describe('allocate: examples', () => {
     );
   });
 
+  it('judges agent Leases by leaseFreshUntil, not their renewTime, when the caller observed them', () => {
+    // n1's renewTime is long past (the controller's clock, or an outage, says so), but it was seen to change recently;
+    // n2's renewTime looks fresh, but nothing saw it change within its duration; n3 has no entry.
+    const nodes = [node('n1', ['192.0.2.1'], { lease: 'stale' }), node('n2', ['192.0.2.2']), node('n3', ['192.0.2.3'])];
+    const base = input({ nodes, services: [svc('web', [tcp(80)])], config });
+    const observed = allocate({ ...base, now: 1000, leaseFreshUntil: new Map([['pier-agent-n1', 1001], ['pier-agent-n2', 1000]]) }).services.get('default/web')!;
+    expect(observed.ingress.map((i) => i.ip)).toEqual(['192.0.2.1']);
+    expect(observed.condition.message).toBe('served on 192.0.2.1, port 80/TCP');
+    const none = allocate({ ...base, now: 1000, leaseFreshUntil: new Map() }).services.get('default/web')!;
+    expect(none.condition.message).toBe('no node can serve IPv4 in pool "default", of 3 nodes: 3 whose pier agent Lease has expired');
+    // Without the map, the Leases' own times against `now`, as before.
+    expect(allocate(base).services.get('default/web')!.ingress.map((i) => i.ip)).toEqual(['192.0.2.2', '192.0.2.3']);
+  });
+
   it('with externalTrafficPolicy Local, serves only on nodes with a ready endpoint', () => {
     const nodes = [node('n1', ['192.0.2.1']), node('n2', ['192.0.2.2']), node('n3', ['192.0.2.3'])];
     const local = svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'n2', v6: false, ready: true }, { node: 'n3', v6: false, ready: false }, { node: 'n1', v6: true, ready: true }] });
