@@ -347,8 +347,13 @@ async function startControllers(bin: string, dir: string, pki: Pki, spawn: Spawn
     `--cluster-signing-key-file=${pki.caKey}`,
     '--allocate-node-cidrs=false',
     `--service-cluster-ip-range=${SERVICE_CIDRS.join(',')}`,
-    // A test node that stops is gone for good: notice it within seconds.
-    '--node-monitor-grace-period=20s',
+    // Kubernetes' long-time default. Without leader election (above) the
+    // node lifecycle controller has no outage detection of its own: an API
+    // server stopped for longer than this makes it mark every node NotReady
+    // when it comes back, before the kubelets' renewals arrive, and pier then
+    // rightly withdraws them. The real-node test stops the API server for
+    // longer than pier's agent Lease (20 s), and less than this.
+    '--node-monitor-grace-period=40s',
   ]);
   const scheduler = await kubeconfig('kube-scheduler', 'system:kube-scheduler');
   spawn('kube-scheduler', join(bin, 'kube-scheduler'), common(scheduler));

@@ -13,6 +13,7 @@ import { eventually } from '../support/wait.ts';
 
 const DEPLOY = fileURLToPath(new URL('../../deploy/', import.meta.url));
 const PROBE = fileURLToPath(new URL('../lab/probe.ts', import.meta.url));
+const UDP_FLOW = fileURLToPath(new URL('../lab/udp-flow.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'default';
 
@@ -57,6 +58,33 @@ describe('pier on real nodes, deployed as the README says', () => {
         return results;
       },
     };
+  };
+
+  /** One UDP flow from the client, one fixed source port, a datagram every 50 ms; its replies as they arrive. */
+  const udpFlow = (host: string, port: number, sport: number) => {
+    const proc = cluster.lab.spawn(client().ns, process.execPath, [UDP_FLOW, '--host', host, '--port', String(port), '--sport', String(sport), '--interval', '50']);
+    const replies: { at: number; pod: string }[] = [];
+    let partial = '';
+    proc.stdout!.on('data', (d: Buffer) => {
+      const lines = (partial + d.toString()).split('\n');
+      partial = lines.pop()!;
+      for (const l of lines) {
+        const r = JSON.parse(l) as { at: number; pod: string; started?: boolean };
+        if (!r.started) replies.push(r);
+      }
+    });
+    return {
+      replies,
+      async stop() {
+        proc.kill('SIGTERM');
+        await proc;
+      },
+    };
+  };
+  /** Polls a node's IPv4 nat table until `test` holds; when it did, an upper bound on when the rules were in place. */
+  const natUntil = async (node: Cluster['nodes'][number], what: string, test: (save: string) => boolean) => {
+    await eventually(what, async () => test((await node.exec('iptables-save', ['-t', 'nat'])).stdout), { timeoutMs: 30_000, intervalMs: 20 });
+    return Date.now();
   };
 
   beforeAll(async () => {
@@ -114,6 +142,107 @@ describe('pier on real nodes, deployed as the README says', () => {
         for (const pod of answeredBy(results)) expect(pods).toContain(pod);
       }
     }
+  });
+
+  it('UDP flows from one source port: one begun before its Service, and one pinned to a pod that is deleted, are answered by a current pod within 1 s of the rules', async () => {
+    const [labNode] = cluster.lab.nodes;
+    const node = cluster.nodes[0]!;
+    const flow = udpFlow(labNode!.v4, 5400, 40600);
+    try {
+      await new Promise((r) => setTimeout(r, 1000));
+      expect(flow.replies).toEqual([]);
+      await cluster.kubectl(['expose', 'deployment', 'echo', '--name=echo-late', '--type=LoadBalancer', '--protocol=UDP', '--port=5400', '--target-port=8080']);
+      const served = await natUntil(node, 'DNAT for 5400', (s) => /--dport 5400 .*-j DNAT/.test(s));
+      await eventually('the early flow answered', () => flow.replies.length > 0, { timeoutMs: 10_000 });
+      const first = flow.replies[0]!;
+      console.log(`[real-node] UDP flow begun before its Service: first reply ${first.at - served} ms after the rules`);
+      expect(first.at - served).toBeLessThan(1000);
+
+      // The pod the flow is pinned to goes; its server still answers while it drains (ECHO_DRAIN_MS).
+      const ip = await cluster.kubectl(['get', 'pod', first.pod, '-n', NS, '-o', 'jsonpath={.status.podIP}']);
+      await cluster.kubectl(['delete', 'pod', first.pod, '-n', NS, '--wait=false']);
+      const moved = await natUntil(node, `no DNAT to ${ip}`, (s) => /--dport 5400 /.test(s) && !s.includes(`--to-destination ${ip}:`));
+      const other = await eventually('the flow answered by another pod', () => flow.replies.find((r) => r.at > moved && r.pod !== first.pod), { timeoutMs: 10_000 });
+      console.log(`[real-node] UDP flow pinned to a deleted pod: answered by ${other.pod} ${other.at - moved} ms after the rules`);
+      expect(other.at - moved).toBeLessThan(1000);
+      expect(flow.replies.filter((r) => r.pod === first.pod && r.at > moved + 200)).toEqual([]);
+    } finally {
+      await flow.stop();
+    }
+    await cluster.kubectl(['rollout', 'status', 'deployment/echo', '--timeout=120s']);
+  });
+
+  it('a flush of each of pier\'s chains in turn, on a node: the next verifying sync puts back exactly what was there, and the Services answer', async () => {
+    // A short resync period, set as a user would; the agents roll to take it.
+    await cluster.kubectl(['-n', SYSTEM, 'set', 'env', 'daemonset/pier-agent', 'PIER_RESYNC_PERIOD=2s']);
+    await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'daemonset/pier-agent', '--timeout=180s']);
+    const node = cluster.nodes[0]!;
+    const labNode = cluster.lab.nodes[0]!;
+    const pierLines = async (save: 'iptables-save' | 'ip6tables-save') =>
+      (await node.exec(save, [])).stdout
+        .split('\n')
+        .filter((l) => l.includes('PIER-'))
+        .map((l) => l.replace(/ \[\d+:\d+\]$/, ''));
+    const before = { v4: await pierLines('iptables-save'), v6: await pierLines('ip6tables-save') };
+    const chains = (lines: string[], table: string) => {
+      const save = lines.join('\n');
+      return [...new Set([...save.matchAll(/^:(PIER-[A-Z0-9-]+)/gm)].map((m) => m[1]!))].map((chain) => ({ table, chain }));
+    };
+    // Which table a chain is in: ask the kernel.
+    const flushable: { family: 'v4' | 'v6'; table: string; chain: string }[] = [];
+    for (const family of ['v4', 'v6'] as const) {
+      for (const table of ['nat', 'filter']) {
+        const lines = (await node.exec(family === 'v4' ? 'iptables-save' : 'ip6tables-save', ['-t', table])).stdout.split('\n');
+        for (const c of chains(lines, table)) if (lines.some((l) => l.startsWith(`-A ${c.chain} `))) flushable.push({ family, ...c });
+      }
+    }
+    expect(flushable.filter((c) => c.family === 'v4').length).toBeGreaterThanOrEqual(5);
+    for (const c of flushable) {
+      await node.exec(c.family === 'v4' ? 'iptables' : 'ip6tables', ['-t', c.table, '-F', c.chain]);
+      const healedIn = Date.now();
+      await eventually(`${c.family} ${c.table} ${c.chain} healed`, async () => (await pierLines(c.family === 'v4' ? 'iptables-save' : 'ip6tables-save')).join('\n') === before[c.family].join('\n'), {
+        timeoutMs: 15_000,
+        intervalMs: 100,
+      });
+      expect(Date.now() - healedIn, `${c.chain}: healed within two resync periods`).toBeLessThan(4000 + 1000);
+      const [r] = await probe(c.family === 'v4' ? labNode.v4 : labNode.v6, 80, { timeoutMs: 1000 });
+      expect(r?.ok, `${c.chain}: answered after healing`).toBe(true);
+    }
+    // Beside kube-proxy's own rules nothing reads as drift once healed: no rewrite at every resync.
+    const drift = async () => {
+      const text = await (await fetch(`http://${labNode.v4}:10265/metrics`)).text();
+      return text.split('\n').filter((l) => l.startsWith('pier_agent_drift_total{')).reduce((n, l) => n + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+    };
+    const settled = await drift();
+    expect(settled).toBeGreaterThanOrEqual(flushable.length);
+    await new Promise((r) => setTimeout(r, 5000));
+    expect(await drift()).toBe(settled);
+    console.log(`[real-node] flushed and healed ${flushable.length} pier chains one by one: ${flushable.map((c) => `${c.family} ${c.table} ${c.chain}`).join(', ')}`);
+  });
+
+  it('the API server stopped for longer than the agents\' Lease duration, under a steady client: no probe fails and the status keeps every address', async () => {
+    const labNode = cluster.lab.nodes[0]!;
+    const statusBefore = ingressIps(await svc('echo'));
+    const steady = steadyClient(labNode.v4, 80);
+    await steady.started;
+    // Longer than the agents' Lease (20 s, deploy/) and the controller's leader
+    // Lease (15 s); shorter than kube-controller-manager's node monitor grace
+    // period (40 s, test/cluster/controlplane.ts), after which Kubernetes itself
+    // marks the nodes NotReady.
+    cluster.cp.pauseApiServer();
+    try {
+      await new Promise((r) => setTimeout(r, 25_000));
+    } finally {
+      cluster.cp.resumeApiServer();
+    }
+    // The controller's first judgement after the outage comes within a few seconds of it.
+    await new Promise((r) => setTimeout(r, 10_000));
+    const results = await steady.stop();
+    const failed = results.filter((r) => !r.ok);
+    console.log(`[real-node] API server stopped 25 s: ${failed.length} of ${results.length} probes failed`);
+    expect(results.length).toBeGreaterThan(200);
+    expect(failed).toEqual([]);
+    expect(ingressIps(await svc('echo'))).toEqual(statusBefore);
   });
 
   it('externalTrafficPolicy Local: only the node with the pod is listed, and the pod sees the client address', async () => {
