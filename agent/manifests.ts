@@ -3,7 +3,9 @@
 // directories read the way `kubectl apply -f DIR` reads them (their .yaml,
 // .yml and .json files, not recursively, in name order). Other kinds are
 // skipped. A malformed object is an error naming the file, the document and
-// the field, because a plan built on a half-read manifest would mislead.
+// the field. A file with an error is skipped whole (a plan built on a
+// half-read file would mislead) and the others are still read: one bad file
+// in a directory hides nothing else, and the caller says which it skipped.
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { extname, join } from 'node:path';
 import type { V1EndpointSlice, V1Node, V1Service } from '@kubernetes/client-node';
@@ -21,50 +23,91 @@ export interface Manifests {
 
 const EXTENSIONS = new Set(['.yaml', '.yml', '.json']);
 
-/** Expands directories into their manifest files. */
-export function manifestFiles(paths: string[]): string[] {
+/** Expands directories into their manifest files; a path that cannot be read becomes an error, and the others are still expanded. */
+export function manifestFiles(paths: string[], errors: ManifestError[] = []): string[] {
   const files: string[] = [];
+  const fail = (p: string, err: unknown) =>
+    errors.push(new ManifestError(`${p}: ${(err as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file or directory' : (err as Error).message}`));
   for (const p of paths) {
     let st;
     try {
       st = statSync(p);
     } catch (err) {
-      throw new ManifestError(`${p}: ${(err as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file or directory' : (err as Error).message}`);
+      fail(p, err);
+      continue;
     }
-    if (st.isDirectory()) {
-      const inDir = readdirSync(p)
-        .filter((f) => EXTENSIONS.has(extname(f).toLowerCase()))
-        .sort()
-        .map((f) => join(p, f))
-        .filter((f) => statSync(f).isFile());
-      files.push(...inDir);
-    } else {
+    if (!st.isDirectory()) {
       files.push(p);
+      continue;
+    }
+    let names: string[];
+    try {
+      names = readdirSync(p);
+    } catch (err) {
+      fail(p, err);
+      continue;
+    }
+    for (const f of names.filter((n) => EXTENSIONS.has(extname(n).toLowerCase())).sort()) {
+      const file = join(p, f);
+      try {
+        if (statSync(file).isFile()) files.push(file);
+      } catch (err) {
+        fail(file, err); // a dangling symlink, say
+      }
     }
   }
   return files;
 }
 
-export function readManifests(paths: string[]): Manifests {
-  const out: Manifests = { nodes: [], services: [], slices: [] };
-  for (const file of manifestFiles(paths)) {
-    let text: string;
+export interface ManifestsRead {
+  manifests: Manifests;
+  /** One per file (or path) skipped, naming it: the manifests hold nothing of those. */
+  errors: ManifestError[];
+}
+
+/** Every readable file's objects, and an error for each file skipped. Never throws for bad input. */
+export function readManifestFiles(paths: string[]): ManifestsRead {
+  const errors: ManifestError[] = [];
+  const manifests: Manifests = { nodes: [], services: [], slices: [] };
+  for (const file of manifestFiles(paths, errors)) {
+    const mine: Manifests = { nodes: [], services: [], slices: [] };
     try {
-      text = readFileSync(file, 'utf8');
+      readFile(file, mine);
     } catch (err) {
-      throw new ManifestError(`${file}: ${(err as Error).message}`);
+      if (!(err instanceof ManifestError)) throw err;
+      errors.push(err);
+      continue;
     }
-    const docs = parseAllDocuments(text);
-    const list = Array.isArray(docs) ? docs : [docs];
-    list.forEach((doc, i) => {
-      const where = list.length > 1 ? `${file} (document ${i + 1})` : file;
-      if (doc.errors.length > 0) throw new ManifestError(`${where}: not valid YAML or JSON: ${doc.errors[0]!.message.split('\n')[0]}`);
-      const value: unknown = doc.toJS();
-      if (value === null || value === undefined) return; // empty document, e.g. a trailing ---
-      addObject(out, value, where, '');
-    });
+    manifests.nodes.push(...mine.nodes);
+    manifests.services.push(...mine.services);
+    manifests.slices.push(...mine.slices);
   }
-  return out;
+  return { manifests, errors };
+}
+
+/** Like readManifestFiles, but the first bad file is an error. */
+export function readManifests(paths: string[]): Manifests {
+  const { manifests, errors } = readManifestFiles(paths);
+  if (errors.length > 0) throw errors[0]!;
+  return manifests;
+}
+
+function readFile(file: string, out: Manifests): void {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    throw new ManifestError(`${file}: ${(err as Error).message}`);
+  }
+  const docs = parseAllDocuments(text);
+  const list = Array.isArray(docs) ? docs : [docs];
+  list.forEach((doc, i) => {
+    const where = list.length > 1 ? `${file} (document ${i + 1})` : file;
+    if (doc.errors.length > 0) throw new ManifestError(`${where}: not valid YAML or JSON: ${doc.errors[0]!.message.split('\n')[0]}`);
+    const value: unknown = doc.toJS();
+    if (value === null || value === undefined) return; // empty document, e.g. a trailing ---
+    addObject(out, value, where, '');
+  });
 }
 
 function addObject(out: Manifests, value: unknown, where: string, path: string): void {

@@ -476,6 +476,9 @@ function portEndpoints(
   let nReady = 0;
   let fallback: Endpoint[] | undefined;
   let nFallback = 0;
+  // A slice port of this name under another protocol only: the Service port gets no endpoints, and says why.
+  let matched = false;
+  let otherProtocol: string | undefined;
   for (let s = 0; s < slices.length; s++) {
     const slice = slices[s]!;
     if (slice.addressType !== 'IPv4' && slice.addressType !== 'IPv6') continue;
@@ -484,10 +487,13 @@ function portEndpoints(
     if (!Array.isArray(ports)) throw new TypeError(`EndpointSlice ${slice.metadata?.name ?? ''}: ports is not a list`);
     for (let i = 0; i < ports.length; i++) {
       const p = ports[i];
-      if ((p?.name ?? '') === portName && (p?.protocol ?? 'TCP') === protocol) {
+      if ((p?.name ?? '') !== portName) continue;
+      if ((p?.protocol ?? 'TCP') === protocol) {
         sp = p;
+        matched = true;
         break;
       }
+      otherProtocol ??= String(p?.protocol ?? 'TCP');
     }
     // No port means "unrestricted" in the API; there is nothing to DNAT to.
     if (!sp || sp.port === undefined || sp.port === null) continue;
@@ -512,6 +518,14 @@ function portEndpoints(
       if (c?.ready !== false) (ready ??= new Array<Endpoint>(room))[nReady++] = endpoint;
       else if (c.serving === true && c.terminating === true) (fallback ??= new Array<Endpoint>(room))[nFallback++] = endpoint;
     }
+  }
+  if (!matched && otherProtocol !== undefined) {
+    problem(out, {
+      service,
+      port: portLabel,
+      reason: 'EndpointProtocolMismatch',
+      message: `Service ${service} port ${portLabel}: its EndpointSlices list port ${JSON.stringify(portName)} as ${otherProtocol}, not ${protocol}; the port has no endpoints, so connections to it are rejected`,
+    });
   }
   const result: PortEndpoints = { ipv4: NONE, ipv6: NONE };
   // Terminating-but-serving endpoints only when nothing of the family is

@@ -6,7 +6,7 @@
 // creates the chain or flushes it, so a chain is rewritten in place inside
 // one atomic transaction and nothing outside pier's chains is touched.
 import type { Family } from '../lib/contract.ts';
-import { CHAIN_PREFIX, TABLES, type Ruleset, type TableName } from './render.ts';
+import { CHAIN_PREFIX, TABLES, type Jump, type Ruleset, type TableName } from './render.ts';
 
 export type SavedTables = Map<string, Map<string, string[]>>;
 
@@ -74,7 +74,12 @@ export function restoreText(next: Ruleset, opts: RestoreOptions = {}): string {
   return out.length === 0 ? '' : `${out.join('\n')}\n`;
 }
 
-/** The whole ruleset, jumps included, for an empty namespace (dry runs, `pier plan`, tests). */
+/**
+ * The whole ruleset, jumps included, for a host without pier rules (dry
+ * runs, `pier plan`, tests). Jumps go to the top of their built-in chains,
+ * in the order the agent's full rewrite leaves them, ahead of the host's own
+ * rules: `-I CHAIN 1`, `-I CHAIN 2`, ... per chain.
+ */
 export function planText(ruleset: Ruleset): string {
   const out: string[] = [];
   for (const table of TABLES) {
@@ -82,27 +87,37 @@ export function planText(ruleset: Ruleset): string {
     out.push(`*${table}`);
     for (const chain of chains.keys()) out.push(`:${chain} - [0:0]`);
     for (const [chain, rules] of chains) for (const rule of rules) out.push(`-A ${chain} ${rule}`);
-    for (const j of jumps) out.push(`-A ${j.chain} ${j.rule}`);
+    for (const j of jumpPositions(jumps)) out.push(`-I ${j.chain} ${j.position} ${j.rule}`);
     out.push('COMMIT');
   }
   return `${out.join('\n')}\n`;
 }
 
-/** planText as single iptables/ip6tables commands, one per line, quoted for a POSIX shell. */
+/** Each jump with its place among the jumps of its chain, counted from 1: inserted in this order, they end in this order at the top. */
+function jumpPositions(jumps: readonly Jump[]): (Jump & { position: number })[] {
+  const count = new Map<string, number>();
+  return jumps.map((j) => {
+    const position = (count.get(j.chain) ?? 0) + 1;
+    count.set(j.chain, position);
+    return { ...j, position };
+  });
+}
+
+/** planText as single iptables/ip6tables commands, one per line, quoted for a POSIX shell; jumps inserted as planText inserts them. */
 export function commandsText(ruleset: Ruleset, family: Family = ruleset.family): string {
   const bin = family === 'ipv6' ? 'ip6tables' : 'iptables';
   const out: string[] = [];
   for (const table of TABLES) {
     const { chains, jumps } = ruleset.tables[table];
     for (const chain of chains.keys()) out.push(`${bin} -t ${table} -N ${chain}`);
-    for (const [chain, rules] of chains) for (const rule of rules) out.push(command(bin, table, chain, rule));
-    for (const j of jumps) out.push(command(bin, table, j.chain, j.rule));
+    for (const [chain, rules] of chains) for (const rule of rules) out.push(command(bin, table, ['-A', chain], rule));
+    for (const j of jumpPositions(jumps)) out.push(command(bin, table, ['-I', j.chain, String(j.position)], j.rule));
   }
   return out.length === 0 ? '' : `${out.join('\n')}\n`;
 }
 
-function command(bin: string, table: string, chain: string, rule: string): string {
-  return [bin, '-t', table, '-A', chain, ...splitRule(rule)].map(shellQuote).join(' ');
+function command(bin: string, table: string, where: string[], rule: string): string {
+  return [bin, '-t', table, ...where, ...splitRule(rule)].map(shellQuote).join(' ');
 }
 
 function shellQuote(word: string): string {

@@ -1,4 +1,4 @@
-// The controller's pure core (design section 2): which node addresses and
+// The controller's pure core (docs/architecture.md, section 2): which node addresses and
 // external ports each of pier's Services gets, and what its status says.
 //
 // allocate() is a pure, total function of plain objects. Nothing in it may
@@ -471,9 +471,9 @@ function mappingKey(sp: SpecPort): string {
 
 /** Why a node does not serve a Service in a family, in the order they are checked. */
 const EXCLUSIONS = ['pool', 'notReady', 'excluded', 'noAgent', 'agentStale', 'notForwarding', 'noAddress', 'noEndpoint'] as const;
-type Exclusion = (typeof EXCLUSIONS)[number];
+export type Exclusion = (typeof EXCLUSIONS)[number];
 
-function exclusion(node: NodeView, plan: Plan, family: Family, ready: Record<Family, Set<string>> | undefined): Exclusion | undefined {
+function exclusion(node: NodeView, plan: Pick<Plan, 'pool' | 'local'>, family: Family, ready: Record<Family, Set<string>> | undefined): Exclusion | undefined {
   if (node.pool !== plan.pool) return 'pool';
   if (!node.ready) return 'notReady';
   if (node.excluded) return 'excluded';
@@ -509,7 +509,7 @@ function describeExclusion(why: Exclusion, family: Family, plan: Plan): string {
 }
 
 /** Why one node is excluded: "its pier agent Lease has expired". */
-function explainNode(node: NodeView, why: Exclusion, family: Family, plan: Plan): string {
+function explainNode(node: NodeView, why: Exclusion, family: Family, plan: Pick<Plan, 'pool'>): string {
   switch (why) {
     case 'pool':
       return `it is in pool ${JSON.stringify(node.pool)}, not ${JSON.stringify(plan.pool)}`;
@@ -581,6 +581,43 @@ function chooseAddresses(plan: Plan, nodes: NodeView[], ready: Record<Family, Se
   }
   // Families in ipFamilies order, numeric within a family.
   plan.addresses = [...chosen.values()].sort((a, b) => plan.families.indexOf(a.family) - plan.families.indexOf(b.family) || compareAddresses(a, b));
+}
+
+/** One node in one family of a Service, as allocate() judges it. */
+export interface NodeJudgement {
+  node: string;
+  family: Family;
+  /** Every InternalIP and ExternalIP of this family, any of which a status may list. */
+  addresses: string[];
+  /** Why the node is not eligible, in the words the condition uses: "its pier agent Lease has expired". */
+  excluded?: { kind: Exclusion; why: string };
+}
+
+/**
+ * Per pier Service (`namespace/name`), every node in each of its families,
+ * judged by the same rules allocate() applies, so that `pier status` gives
+ * the controller's reasons rather than its own. Pure and total, like allocate().
+ */
+export function judgeNodes(input: AllocateInput): Map<string, NodeJudgement[]> {
+  const nodes = readNodes(input);
+  const ready = readyNodes(input.slices);
+  const out = new Map<string, NodeJudgement[]>();
+  for (const svc of uniqueBy(input.services ?? [], serviceKey)) {
+    if (!safely(() => isPierService(svc, input.config), false)) continue;
+    const plan = safely(() => readService(svc, input.config), undefined);
+    if (!plan) continue;
+    const judged: NodeJudgement[] = [];
+    for (const family of plan.families) {
+      for (const node of nodes) {
+        const kind = exclusion(node, plan, family, ready.get(plan.key));
+        const j: NodeJudgement = { node: node.name, family, addresses: [...node.all[family]] };
+        if (kind) j.excluded = { kind, why: explainNode(node, kind, family, plan) };
+        judged.push(j);
+      }
+    }
+    out.set(plan.key, judged);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------

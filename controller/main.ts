@@ -4,13 +4,13 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 
 import { KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
-import { formatDuration } from '../lib/config.ts';
+import { formatDuration, type OptionValue } from '../lib/config.ts';
 import { reuseConnections } from '../lib/connections.ts';
 import { DEFAULT_NAMESPACE, DEFAULT_POOL, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { checkLeaderTimings, DEFAULT_LEADER_TIMINGS } from '../lib/leader.ts';
 import { createLogger } from '../lib/log.ts';
-import { DEFAULT_ALLOCATE_RANGE, DEFAULT_RESERVED_PORTS, type PortRange } from './allocate.ts';
+import { DEFAULT_ALLOCATE_RANGE, DEFAULT_RESERVED_PORTS, type AllocatorConfig, type PortRange } from './allocate.ts';
 import { Controller, type ControllerConfig } from './controller.ts';
 
 /** `80` or `8000-8999`, inclusive, within 1-65535. */
@@ -28,6 +28,19 @@ export function formatPortRange(r: PortRange): string {
 }
 
 const portRangeError = (v: string) => (parsePortRange(v) ? undefined : 'is not a port or an inclusive port range within 1-65535 (examples: 22, 2379-2380)');
+
+/** The allocator's configuration from the controller's flags; `pier plan` and `pier trace` share those flags. */
+export function allocatorConfig(v: Record<string, OptionValue>, agentNamespace: string = DEFAULT_NAMESPACE): AllocatorConfig {
+  return {
+    loadBalancerClass: LOAD_BALANCER_CLASS,
+    defaultClass: v['default-class'] as boolean,
+    defaultPool: v['default-pool'] as string,
+    agentNamespace,
+    reservedPorts: (v['reserved-ports'] as string[]).map((r) => parsePortRange(r)!),
+    allocateRange: parsePortRange(v['allocate-range'] as string)!,
+    maxPortsPerService: v['max-ports-per-service'] as number,
+  };
+}
 
 export const CONTROLLER_SPEC: CommandSpec = {
   name: 'controller',
@@ -84,15 +97,7 @@ export async function runController(argv: string[], env = process.env): Promise<
   const namespace = v['namespace'] as string;
   const cfg: ControllerConfig = {
     namespace,
-    allocator: {
-      loadBalancerClass: LOAD_BALANCER_CLASS,
-      defaultClass: v['default-class'] as boolean,
-      defaultPool: v['default-pool'] as string,
-      agentNamespace: namespace,
-      reservedPorts: (v['reserved-ports'] as string[]).map((r) => parsePortRange(r)!),
-      allocateRange: parsePortRange(v['allocate-range'] as string)!,
-      maxPortsPerService: v['max-ports-per-service'] as number,
-    },
+    allocator: allocatorConfig(v, namespace),
     workers: v['workers'] as number,
     resyncPeriodMs: v['resync-period'] as number,
     minAllocateIntervalMs: 200,

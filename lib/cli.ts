@@ -5,7 +5,7 @@ import { VERSION } from './version.ts';
 
 interface Command {
   summary: string;
-  /** Loads the command's module only when it runs, so `pier plan` never loads the controller. */
+  /** Loads the command's module only when it runs, so that, say, `pier check` never loads the controller. */
   run: (argv: string[]) => Promise<number>;
 }
 
@@ -22,6 +22,10 @@ const COMMANDS: Record<string, Command> = {
     summary: 'print the iptables-restore input the agent would apply, from manifests on disk, with no cluster',
     run: async (argv) => (await import('../agent/plan.ts')).runPlan(argv),
   },
+  trace: {
+    summary: "explain what a client's connection to a frontend meets in the rules pier installs on a node",
+    run: async (argv) => (await import('../agent/trace-cli.ts')).runTrace(argv),
+  },
   cleanup: {
     summary: 'remove every pier chain and rule from this node, IPv4 and IPv6',
     run: async (argv) => (await import('../agent/cleanup.ts')).runCleanup(argv),
@@ -29,6 +33,10 @@ const COMMANDS: Record<string, Command> = {
   check: {
     summary: 'report whether this node can forward: sysctls, iptables backend, nat and filter tables',
     run: async (argv) => (await import('../agent/check.ts')).runCheck(argv),
+  },
+  status: {
+    summary: 'per pier LoadBalancer Service on a live cluster: addresses, the nodes that serve it and why others do not, port errors',
+    run: async (argv) => (await import('../controller/status-cli.ts')).runStatus(argv),
   },
 };
 

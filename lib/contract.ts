@@ -1,11 +1,11 @@
-// The contract between pier's controller and agents (design section 1): the
+// The contract between pier's controller and agents (docs/architecture.md, section 1): the
 // names both sides read and write. Changing one is a protocol change.
 
 /** spec.loadBalancerClass that marks a Service as pier's. */
 export const LOAD_BALANCER_CLASS = 'pier.dev/lb';
 
 /**
- * Whether a Service is pier's (design section 1): type LoadBalancer and
+ * Whether a Service is pier's (docs/architecture.md, section 1): type LoadBalancer and
  * pier's class, or no class when pier runs as the cluster's default. The
  * controller and the agent must agree on this exactly.
  */

@@ -1,6 +1,6 @@
 // The agent end to end: a real API server, a two-node lab, one `pier agent`
 // process inside each node namespace, and real TCP and UDP from clients.
-// The tests write Service status themselves, exactly as design section 1
+// The tests write Service status themselves, exactly as docs/architecture.md section 1
 // specifies, so that each case controls precisely what the agent sees
 // (controller-agents.test.ts runs the two together).
 import { chmodSync, copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -21,9 +21,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { agentLeaseName, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV4_REASON, LEASE_IPTABLES_BACKEND } from '../../lib/contract.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
-import { ECHO_PORT, HOST_V4, Lab, type Endpoint, type LabNode, type ProbeResult } from '../lab/lab.ts';
-import { endpointSlice, lbService } from '../support/objects.ts';
-import { registerLabNodes } from '../lab/pier.ts';
+import { HOST_V4, Lab, type Endpoint, type LabNode, type ProbeResult } from '../lab/lab.ts';
+import { createLabService, registerLabNodes, type LabServicePort } from '../lab/pier.ts';
 import { isAlive } from '../support/cleanup.ts';
 import { eventually } from '../support/wait.ts';
 
@@ -66,28 +65,8 @@ describe('pier agent in the lab', () => {
     (await lab.exec(n.ns, family === 'v4' ? 'iptables-save' : 'ip6tables-save', [])).stdout;
 
   /** Creates a Service with its slices and writes the status a controller would. */
-  async function createService(
-    name: string,
-    ports: { name: string; port: number; protocol?: 'TCP' | 'UDP' }[],
-    pods: { name: string; v4: string; v6: string; node: string }[],
-    extra: Partial<NonNullable<V1Service['spec']>> = {},
-    statusFor: LabNode[] = lab.nodes,
-  ) {
-    await core.createNamespacedService({
-      namespace: NS,
-      body: lbService(NS, name, ports.map((p) => ({ ...p, targetPort: ECHO_PORT })), { ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6'], ...extra }),
-    });
-    for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {
-      await discovery.createNamespacedEndpointSlice({
-        namespace: NS,
-        body: endpointSlice(NS, name, type, pods.map((p) => ({ address: p[family], nodeName: p.node })), ports.map((p) => ({ name: p.name, port: ECHO_PORT, protocol: p.protocol }))),
-      });
-    }
-    const ingress = statusFor.flatMap((n) =>
-      [n.v4, n.v6].map((ip) => ({ ip, ipMode: 'Proxy', ports: ports.map((p) => ({ port: p.port, protocol: p.protocol ?? 'TCP' })) })),
-    );
-    await core.patchNamespacedServiceStatus({ name, namespace: NS, body: { status: { loadBalancer: { ingress } } } }, mergePatch);
-  }
+  const createService = (name: string, ports: LabServicePort[], pods: { v4: string; v6: string; node: string }[], extra: Partial<NonNullable<V1Service['spec']>> = {}, statusFor: LabNode[] = lab.nodes) =>
+    createLabService({ core, discovery }, NS, name, ports, pods, { nodes: statusFor, extra });
 
   const answered = (results: ProbeResult[]) => results.filter((r) => r.ok).map((r) => r.reply!.pod);
   const probeUntilOk = (from: Endpoint, host: string, port: number, proto: 'tcp' | 'udp' = 'tcp') =>
@@ -130,11 +109,11 @@ describe('pier agent in the lab', () => {
   });
   let hostRulesBefore: string[] = [];
   /** Every chain declaration and rule of both families and tables, without counters. */
-  const ruleLines = async (n: LabNode) => {
+  const ruleLines = async (n: LabNode, where: Lab = lab) => {
     const lines: string[] = [];
     for (const tool of ['iptables-save', 'ip6tables-save']) {
       for (const table of ['nat', 'filter']) {
-        const out = (await lab.exec(n.ns, tool, ['-t', table])).stdout;
+        const out = (await where.exec(n.ns, tool, ['-t', table])).stdout;
         for (const l of out.split('\n')) {
           // A table nobody used yet is not printed at all; an ACCEPT policy is the same as no table.
           if (/^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT/.test(l)) continue;
@@ -353,11 +332,40 @@ describe('pier agent in the lab', () => {
           await scratch.destroy();
         }
       }
+      // On a host with rules of its own, too: n1, the strict host (beforeAll). Its
+      // rules without pier's, restored into a fresh namespace, and the plan on
+      // top must give n1's whole ruleset, pier's jumps ahead of the host's rules
+      // in PREROUTING, INPUT, FORWARD, OUTPUT and POSTROUTING, as its agent has it.
+      const strict = lab.nodes[0]!;
+      writeFileSync(join(dir, 'node1.json'), JSON.stringify({ apiVersion: 'v1', kind: 'Node', ...(await core.readNode({ name: strict.name })) }));
+      const strictRules = await ruleLines(strict);
+      for (const format of ['restore', 'commands'] as const) {
+        const scratch = await Lab.create({ nodes: [], clients: 1 });
+        try {
+          const c = scratch.clients[0]!;
+          for (const [family, tool] of [['ipv4', 'iptables'], ['ipv6', 'ip6tables']] as const) {
+            const hostOnly = (await lab.exec(strict.ns, `${tool}-save`, [])).stdout.split('\n').filter((l) => !l.includes('PIER-')).join('\n');
+            await scratch.exec(c.ns, `${tool}-restore`, [], { input: hostOnly });
+            const plan = await lab.exec(c.ns, process.execPath, [CLI, 'plan', '--node', strict.name, '--family', family, '--format', format, '-f', dir]);
+            if (format === 'restore') await scratch.exec(c.ns, `${tool}-restore`, ['--noflush'], { input: plan.stdout });
+            else await scratch.exec(c.ns, 'sh', ['-e'], { input: plan.stdout });
+          }
+          const planned = await ruleLines({ ...strict, ns: c.ns }, scratch);
+          expect(planned.filter((l) => l.includes('PIER-')).length).toBeGreaterThan(20);
+          expect(planned, `plan --format ${format} on a host with rules`).toEqual(strictRules);
+        } finally {
+          await scratch.destroy();
+        }
+      }
+      rmSync(join(dir, 'node1.json'));
+
       writeFileSync(join(dir, 'broken.yaml'), 'apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: x}\nspec:\n  ports:\n  - port: eighty\n');
       const bad = await lab.exec(lab.clients[1]!.ns, process.execPath, [CLI, 'plan', '--node', n.name, '-f', dir], { reject: false });
       expect(bad.exitCode).not.toBe(0);
       expect(bad.stderr).toContain('broken.yaml');
       expect(bad.stderr).toContain('spec.ports[0].port');
+      // The other files are still planned.
+      expect(bad.stdout).toContain('-j DNAT');
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -9,19 +9,18 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { CoreV1Api, DiscoveryV1Api, EventsV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import { CoreV1Api, DiscoveryV1Api, EventsV1Api } from '@kubernetes/client-node';
 import type { ResultPromise } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { ECHO_PORT, HOST_V4, Lab, type LabNode, type LabPod } from '../lab/lab.ts';
-import { registerLabNodes, stopProcesses } from '../lab/pier.ts';
-import { endpointSlice, lbService } from '../support/objects.ts';
+import { createLabService, registerLabNodes, stopProcesses } from '../lab/pier.ts';
+import { endpointSlice } from '../support/objects.ts';
 import { eventually } from '../support/wait.ts';
 
 const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
 const UDP_FLOW = fileURLToPath(new URL('../lab/udp-flow.ts', import.meta.url));
 const NS = 'flows';
-const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
 
 interface Reply {
   at: number;
@@ -82,15 +81,8 @@ describe('UDP flows across rule changes (conntrack clean-up)', () => {
   const conntrack = async (n: LabNode, family: 'ipv4' | 'ipv6', port: number) =>
     (await lab.exec(n.ns, 'conntrack', ['-L', '-f', family, '-p', 'udp', '--orig-port-dst', String(port)], { reject: false })).stdout;
 
-  async function createUdpService(name: string, port: number, pods: LabPod[], nodes: LabNode[]): Promise<void> {
-    await core.createNamespacedService({
-      namespace: NS,
-      body: lbService(NS, name, [{ name: 'dns', port, protocol: 'UDP', targetPort: ECHO_PORT }], { ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6'] }),
-    });
-    await writeSlices(name, pods);
-    const ingress = nodes.flatMap((n) => [n.v4, n.v6].map((ip) => ({ ip, ipMode: 'Proxy', ports: [{ port, protocol: 'UDP' }] })));
-    await core.patchNamespacedServiceStatus({ name, namespace: NS, body: { status: { loadBalancer: { ingress } } } }, mergePatch);
-  }
+  const createUdpService = (name: string, port: number, pods: LabPod[], nodes: LabNode[]) =>
+    createLabService({ core, discovery }, NS, name, [{ name: 'dns', port, protocol: 'UDP' }], pods, { nodes });
 
   async function writeSlices(name: string, pods: LabPod[]): Promise<void> {
     for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {

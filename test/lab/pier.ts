@@ -7,10 +7,10 @@
 import { createInterface } from 'node:readline';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { CoreV1Api } from '@kubernetes/client-node';
+import { PatchStrategy, setHeaderOptions, type CoreV1Api, type DiscoveryV1Api, type V1Service } from '@kubernetes/client-node';
 import type { ResultPromise } from 'execa';
 import { registerNode } from '../cluster/controlplane.ts';
-import { node as nodeObject } from '../support/objects.ts';
+import { endpointSlice, lbService, node as nodeObject } from '../support/objects.ts';
 import { fleetItems, type Fleet, type FleetSpec } from '../support/fleet.ts';
 import { ECHO_PORT, type Endpoint, type Lab } from './lab.ts';
 
@@ -23,6 +23,44 @@ export async function registerLabNodes(core: CoreV1Api, lab: Lab): Promise<void>
     await registerNode(core, nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]));
   }
 }
+
+export interface LabServicePort {
+  name: string;
+  port: number;
+  protocol?: 'TCP' | 'UDP';
+}
+
+/**
+ * A dual-stack pier Service whose endpoints are `pods` (one EndpointSlice per
+ * family, the echo servers' port), and the status a controller would write
+ * for both addresses of each of `nodes`, every port marked with `portError`
+ * when given: the tests that run agents without a controller control exactly
+ * what the agents see.
+ */
+export async function createLabService(
+  api: { core: CoreV1Api; discovery: DiscoveryV1Api },
+  namespace: string,
+  name: string,
+  ports: LabServicePort[],
+  pods: { v4: string; v6: string; node: string }[],
+  opts: { nodes: Endpoint[]; extra?: Partial<NonNullable<V1Service['spec']>>; portError?: string },
+): Promise<void> {
+  await api.core.createNamespacedService({
+    namespace,
+    body: lbService(namespace, name, ports.map((p) => ({ ...p, targetPort: ECHO_PORT })), { ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6'], ...opts.extra }),
+  });
+  for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {
+    await api.discovery.createNamespacedEndpointSlice({
+      namespace,
+      body: endpointSlice(namespace, name, type, pods.map((p) => ({ address: p[family], nodeName: p.node })), ports.map((p) => ({ name: p.name, port: ECHO_PORT, protocol: p.protocol }))),
+    });
+  }
+  const error = opts.portError ? { error: opts.portError } : {};
+  const ingress = opts.nodes.flatMap((n) => [n.v4, n.v6].map((ip) => ({ ip, ipMode: 'Proxy', ports: ports.map((p) => ({ port: p.port, protocol: p.protocol ?? 'TCP', ...error })) })));
+  await api.core.patchNamespacedServiceStatus({ name, namespace, body: { status: { loadBalancer: { ingress } } } }, MERGE_PATCH);
+}
+
+const MERGE_PATCH = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
 
 /** `pier agent` in every node namespace (health on the node's own addresses, port 10265 by default). */
 export function spawnAgents(lab: Lab, kubeconfig: string, extra: string[] = []): ResultPromise[] {

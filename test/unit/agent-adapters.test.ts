@@ -9,7 +9,7 @@ import { eachFamily, jumpTarget } from '../../agent/applier.ts';
 import { chooseBackend } from '../../agent/backend.ts';
 import { describeRestoreFailure, type Backend } from '../../agent/iptables.ts';
 import type { Family } from '../../lib/contract.ts';
-import { ManifestError, readManifests } from '../../agent/manifests.ts';
+import { ManifestError, readManifestFiles, readManifests } from '../../agent/manifests.ts';
 import { checkForwarding } from '../../agent/sysctl.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'pier-adapters-'));
@@ -108,6 +108,22 @@ describe('readManifests', () => {
   });
   it('says when a path does not exist', () => {
     expect(() => readManifests([join(dir, 'nope.yaml')])).toThrow(/nope\.yaml: no such file or directory/);
+  });
+  it('readManifestFiles skips a bad file whole, names it, and reads every other', () => {
+    file('mixed/a.yaml', 'kind: Node\nmetadata: {name: n1}\n');
+    // Its first document is fine, its second is not: nothing of the file is kept.
+    file('mixed/b.yaml', 'kind: Node\nmetadata: {name: half}\n---\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: eighty}]}\n');
+    file('mixed/c.yaml', 'a: [1, 2\n');
+    file('mixed/d.json', JSON.stringify({ kind: 'Service', metadata: { name: 'web' }, spec: { ports: [{ port: 80 }] } }));
+    const { manifests, errors } = readManifestFiles([join(dir, 'mixed'), join(dir, 'nope.yaml')]);
+    expect(manifests.nodes.map((n) => n.metadata?.name)).toEqual(['n1']);
+    expect(manifests.services.map((n) => n.metadata?.name)).toEqual(['web']);
+    expect(errors).toHaveLength(3);
+    expect(errors.map((e) => e.message)).toEqual(expect.arrayContaining([
+      expect.stringMatching(/mixed\/b\.yaml \(document 2\): Service s: spec\.ports\[0\]\.port must be an integer/),
+      expect.stringMatching(/mixed\/c\.yaml: not valid YAML or JSON/),
+      expect.stringMatching(/nope\.yaml: no such file or directory/),
+    ]));
   });
 });
 

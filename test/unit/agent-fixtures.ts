@@ -1,11 +1,11 @@
 // Shared by the agent's unit and e2e tests: generated Kubernetes worlds (valid
 // ones, and ones with a single corruption aimed at one Service), and a small
-// interpreter for the subset of iptables that pier renders, so properties can
-// ask "where does this packet go?" instead of matching rule text.
+// interpreter for the subset of iptables that pier renders (agent/interp.ts),
+// so properties can ask "where does this packet go?" instead of matching rule text.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import fc from 'fast-check';
-import { parseCidr, type ModelConfig, type ModelInput } from '../../agent/model.ts';
-import { splitRule } from '../../agent/restore.ts';
+import type { ModelConfig, ModelInput } from '../../agent/model.ts';
+import { PROTO_NUMBERS, walk as interpWalk, type Packet, type WalkResult } from '../../agent/interp.ts';
 
 export const NODE = 'n1';
 export const CLASS = 'pier.dev/lb';
@@ -251,114 +251,19 @@ export function corrupt(world: World, input: ModelInput, c: Corruption): string 
 }
 
 // ---------------------------------------------------------------------------
-// A packet walk through rendered chains.
+// A packet walk through rendered chains: agent/interp.ts, with the mark read
+// as this file's MARK bit.
 
-export interface Packet {
-  src: string;
-  dst: string;
-  proto: 'tcp' | 'udp' | 'sctp';
-  dport: number;
-  /** The connection as conntrack knows it (filter table). */
-  ct?: { new: boolean; dnat: boolean; proto: number; origsrc: string; origdst: string; origdport: number };
-}
+export type { Packet };
+export { PROTO_NUMBERS };
 
-export interface Walk {
-  /** The terminating target reached, or CONTINUE when the packet leaves pier's chains. */
-  verdict: 'DNAT' | 'ACCEPT' | 'DROP' | 'REJECT' | 'MASQUERADE' | 'CONTINUE';
-  to?: string;
+export interface Walk extends Omit<WalkResult, 'hops' | 'mark'> {
   marked: boolean;
-  /** Rules evaluated on the way. */
-  rules: number;
-  /** Statistic matches met (one per branch point passed). */
-  randomPoints: number;
-  /** How likely this path is, by the printed probabilities of the statistic matches passed. */
-  chance: number;
 }
 
-const parsed = new Map<string, ReturnType<typeof parseCidr>>();
-function cidrOf(text: string) {
-  if (!parsed.has(text)) parsed.set(text, parseCidr(text));
-  return parsed.get(text);
-}
-
-function inCidr(address: string, cidr: string): boolean {
-  const a = cidrOf(address);
-  const c = cidrOf(cidr);
-  if (!a || !c || a.family !== c.family) return false;
-  const host = BigInt((a.family === 'ipv4' ? 32 : 128) - c.prefix);
-  return a.value >> host === c.value >> host;
-}
-
-function inPorts(port: number, spec: string): boolean {
-  const [lo, hi = lo] = spec.split(':').map(Number);
-  return port >= lo! && port <= hi!;
-}
-
-export const PROTO_NUMBERS: Record<string, number> = { tcp: 6, udp: 17, sctp: 132 };
-
-/**
- * Walks `pkt` from `chain`. The n-th statistic match met succeeds iff
- * n === choice (so choice k picks the k-th branch of a spread; -1: none).
- */
 export function walk(chains: Map<string, string[]>, chain: string, pkt: Packet, choice = -1): Walk {
-  let rules = 0;
-  let mark = 0;
-  let randomPoints = 0;
-  let chance = 1;
-  const visit = (name: string, depth: number): { verdict: Walk['verdict']; to?: string } | undefined => {
-    if (depth > 32) throw new Error(`chain loop at ${name}`);
-    const list = chains.get(name);
-    if (!list) throw new Error(`jump to missing chain ${name}`);
-    for (const rule of list) {
-      rules++;
-      const w = splitRule(rule);
-      let ok = true;
-      let target = '';
-      let args: string[] = [];
-      for (let i = 0; i < w.length && ok; ) {
-        const neg = w[i] === '!';
-        if (neg) i++;
-        const opt = w[i]!;
-        const v = w[i + 1] ?? '';
-        let m = true;
-        switch (opt) {
-          case '-s': m = inCidr(pkt.src, v); break;
-          case '-d': m = inCidr(pkt.dst, v); break;
-          case '-p': m = pkt.proto === v; break;
-          case '-m': case '--comment': case '--mode': break;
-          case '--dport': m = inPorts(pkt.dport, v); break;
-          case '--probability':
-            m = randomPoints++ === choice;
-            chance *= m ? Number(v) : 1 - Number(v);
-            break;
-          case '--mark': { const [val, mask] = v.split('/').map(Number); m = (mark & mask!) === val; break; }
-          case '--ctstate': m = pkt.ct !== undefined && v.split(',').some((s) => (s === 'NEW' && pkt.ct!.new) || (s === 'DNAT' && pkt.ct!.dnat)); break;
-          case '--ctproto': m = pkt.ct?.proto === Number(v); break;
-          case '--ctorigsrc': m = pkt.ct !== undefined && inCidr(pkt.ct.origsrc, v.includes('/') ? v : `${v}/${v.includes(':') ? 128 : 32}`); break;
-          case '--ctorigdst': m = pkt.ct !== undefined && inCidr(pkt.ct.origdst, v.includes('/') ? v : `${v}/${v.includes(':') ? 128 : 32}`); break;
-          case '--ctorigdstport': m = pkt.ct !== undefined && inPorts(pkt.ct.origdport, v); break;
-          case '-j': target = v; args = w.slice(i + 2); i = w.length; continue;
-          default: throw new Error(`the test interpreter does not know ${opt} (in: ${rule})`);
-        }
-        if (neg ? m : !m) ok = false;
-        i += 2;
-      }
-      if (!ok) continue;
-      if (target === 'MARK') {
-        const [val, mask] = args[1]!.split('/').map(Number);
-        mark = (mark & ~mask!) ^ val!;
-        continue;
-      }
-      if (target === 'RETURN') return undefined;
-      if (target === 'DNAT') return { verdict: 'DNAT', to: args[1] };
-      if (target === 'ACCEPT' || target === 'DROP' || target === 'REJECT' || target === 'MASQUERADE') return { verdict: target };
-      const res = visit(target, depth + 1);
-      if (res) return res;
-    }
-    return undefined;
-  };
-  const res = visit(chain, 0);
-  return { verdict: res?.verdict ?? 'CONTINUE', to: res?.to, marked: (mark & MARK) !== 0, rules, randomPoints, chance };
+  const { hops: _hops, mark, ...rest } = interpWalk(chains, chain, pkt, choice);
+  return { ...rest, marked: (mark & MARK) !== 0 };
 }
 
 /** Every DNAT destination a new connection can reach (one walk per branch), and whether each is marked. */

@@ -228,6 +228,14 @@ describe('buildModel bad input', () => {
     { name: 'an invalid source range skips the Service', svc: service('bad', { spec: { loadBalancerSourceRanges: ['203.0.113.0/24', '203.0.113.0/33'] } }), reason: 'InvalidSourceRange', mentions: '203.0.113.0/33', served: [] },
     { name: 'an invalid annotation range skips the Service', svc: service('bad', { annotations: { 'service.beta.kubernetes.io/load-balancer-source-ranges': '203.0.113.0/24,everyone' } }), reason: 'InvalidSourceRange', mentions: 'everyone', served: [] },
     { name: 'a malformed endpoint address skips that endpoint', svc: service('bad'), slices: [slice('bad', [ready('198.18.0.300'), ready('198.18.0.7')])], reason: 'InvalidEndpointAddress', mentions: '198.18.0.300', served: ['ipv4/shop/bad/http/TCP'] },
+    {
+      name: 'a slice port of another protocol leaves the port without endpoints, rejected',
+      svc: service('bad'),
+      slices: [slice('bad', [ready('198.18.0.7')], { ports: [{ name: 'http', port: 8080, protocol: 'UDP' }] })],
+      reason: 'EndpointProtocolMismatch',
+      mentions: 'as UDP, not TCP',
+      served: ['ipv4/shop/bad/http/TCP'],
+    },
     { name: 'an endpoint port out of range skips the slice', svc: service('bad'), slices: [slice('bad', [ready('198.18.0.7')], { ports: [{ name: 'http', port: 70000, protocol: 'TCP' }] })], reason: 'InvalidEndpointPort', mentions: '70000', served: ['ipv4/shop/bad/http/TCP'] },
     {
       name: 'an unknown protocol skips that port',

@@ -51,8 +51,9 @@ function restore(state: SavedTables, payload: string): SavedTables {
       const rules = table!.get(chain!);
       if (!rules) throw new Error(`${op} in missing chain ${chain}`);
       if (op === '-I') {
-        if (rest[0] !== '1') throw new Error(`-I at ${rest[0]}`);
-        rules.unshift(rest.slice(1).join(' '));
+        const at = Number(rest[0]);
+        if (!Number.isInteger(at) || at < 1 || at > rules.length + 1) throw new Error(`-I at ${rest[0]} in ${chain}, which holds ${rules.length} rules`);
+        rules.splice(at - 1, 0, rest.slice(1).join(' '));
       } else {
         const at = rules.indexOf(rest.join(' '));
         if (at < 0) throw new Error(`-D of a rule ${chain} does not hold: ${rest.join(' ')}`);
@@ -70,15 +71,28 @@ function restore(state: SavedTables, payload: string): SavedTables {
   return out;
 }
 
-/** What the kernel should hold after a ruleset and its jumps are in place. */
-function stateOf(r: Ruleset): SavedTables {
-  const state = emptyState();
+/** What the kernel should hold after a ruleset and its jumps are in place: the jumps first, in order, then what the host had. */
+function stateOf(r: Ruleset, host: SavedTables = emptyState()): SavedTables {
+  const state = clone(host);
   for (const t of TABLES) {
     const table = state.get(t)!;
     for (const [c, rules] of r.tables[t].chains) table.set(c, [...rules]);
-    for (const j of r.tables[t].jumps) table.get(j.chain)!.push(j.rule);
+    const jumps = new Map<string, string[]>();
+    for (const j of r.tables[t].jumps) jumps.set(j.chain, [...(jumps.get(j.chain) ?? []), j.rule]);
+    for (const [c, rules] of jumps) table.set(c, [...rules, ...table.get(c)!]);
   }
   return state;
+}
+
+/** A host with rules of its own in every built-in chain pier jumps from. */
+function hostState(): SavedTables {
+  const state = emptyState();
+  for (const [t, chains] of state) for (const [c, rules] of chains) rules.push(`-s 203.0.113.0/24 -m comment --comment "host ${t} ${c}" -j ACCEPT`, '-j RETURN');
+  return state;
+}
+
+function escapeRegExp(text: string): string {
+  return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }
 
 /** Built-in chains in a fixed order, then pier chains sorted: the comparison ignores declaration order. */
@@ -125,10 +139,12 @@ describe('parseSave', () => {
     fc.assert(
       fc.property(worldArb, (w) => {
         for (const r of rulesets(w)) {
-          const saved = parseSave(planText(r));
+          const text = planText(r);
+          const saved = parseSave(text);
           for (const t of TABLES) {
             for (const [c, rules] of r.tables[t].chains) expect(saved.get(t)!.get(c)).toEqual(rules);
-            for (const j of r.tables[t].jumps) expect(saved.get(t)!.get(j.chain)).toContain(j.rule);
+            // Jumps are inserted (-I), which a save never shows: the agent puts them at the top.
+            for (const j of r.tables[t].jumps) expect(text).toMatch(new RegExp(`^-I ${j.chain} \\d+ ${escapeRegExp(j.rule)}$`, 'm'));
           }
         }
       }),
@@ -152,6 +168,23 @@ describe('planText', () => {
         for (const r of rulesets(w)) expect(canonical(restore(emptyState(), planText(r)))).toEqual(canonical(stateOf(r)));
       }),
       { numRuns: 100 },
+    );
+  });
+
+  it("puts the jumps where the agent's full rewrite does: at the top of their chains, ahead of the host's rules", () => {
+    const host = hostState();
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        for (const r of rulesets(w)) {
+          const planned = restore(host, planText(r));
+          // The agent's full rewrite on the same host (restoreText with every jump to insert).
+          const jumps = Object.fromEntries(TABLES.map((t) => [t, { remove: [], insert: r.tables[t].jumps }]));
+          const applied = restore(host, restoreText(r, { jumps }));
+          expect(canonical(planned)).toEqual(canonical(applied));
+          expect(canonical(planned)).toEqual(canonical(stateOf(r, host)));
+        }
+      }),
+      { numRuns: 50 },
     );
   });
 });
@@ -449,7 +482,15 @@ describe('commandsText', () => {
             expect([b, dashT]).toEqual([bin, '-t']);
             const key = `${table} ${chain}`;
             if (op === '-N') args.set(key, []);
-            else {
+            else if (op === '-I') {
+              // Jumps, at the top of built-in chains, as planText puts them.
+              const rules = args.get(key) ?? [];
+              const at = Number(rest[0]);
+              expect(at).toBeGreaterThanOrEqual(1);
+              expect(at).toBeLessThanOrEqual(rules.length + 1);
+              rules.splice(at - 1, 0, rest.slice(1));
+              args.set(key, rules);
+            } else {
               expect(op).toBe('-A');
               if (!args.has(key)) args.set(key, []);
               args.get(key)!.push(rest);
@@ -465,6 +506,10 @@ describe('commandsText', () => {
           for (const t of TABLES) {
             for (const [c, rules] of r.tables[t].chains) expect(args.get(`${t} ${c}`)).toEqual(rules.map(splitRule));
             for (const j of r.tables[t].jumps) expect(args.get(`${t} ${j.chain}`)).toContainEqual(splitRule(j.rule));
+            // In each built-in chain, the jumps in the ruleset's order, as the agent leaves them.
+            for (const chain of new Set(r.tables[t].jumps.map((j) => j.chain))) {
+              expect(args.get(`${t} ${chain}`)).toEqual(r.tables[t].jumps.filter((j) => j.chain === chain).map((j) => splitRule(j.rule)));
+            }
           }
         }
       }),

@@ -1,0 +1,118 @@
+// The `pier trace` command: reads what `pier plan` reads (manifests, with
+// the controller's allocation for Services without a status) or what the
+// agent reads from a live cluster, asks trace.ts, and prints its verdict.
+import type { V1EndpointSlice, V1Node, V1Service } from '@kubernetes/client-node';
+import { parseCommand, type CommandSpec } from '../lib/command.ts';
+import type { OptionValue } from '../lib/config.ts';
+import { LOAD_BALANCER_CLASS } from '../lib/contract.ts';
+import { nodeAddresses } from './agent.ts';
+import { readManifestFiles } from './manifests.ts';
+import { parseAddress } from './model.ts';
+import { allocateOffline, allocatorConfig, PLAN_SPEC } from './plan.ts';
+import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket } from './trace.ts';
+
+/** plan's own flags, so that trace sees exactly what plan renders. */
+const PLAN_OPTIONS = PLAN_SPEC.options.filter((o) => !['node', 'family', 'format', 'filename'].includes(o.name));
+
+export const TRACE_SPEC: CommandSpec = {
+  name: 'trace',
+  summary: [
+    'pier trace: what a new connection from CLIENT to FRONTEND (ADDRESS:PORT/PROTO, IPv6 in brackets) meets in the',
+    'rules pier installs on a node: the chains and rules it crosses, whether its source range admits it, the',
+    'endpoints it may be DNATed to and how likely each is, whether it is masqueraded (the source the pod sees),',
+    'or why it is rejected, dropped or left to the host. Reads manifests as `pier plan` does (-f), or the live',
+    'cluster (--kubeconfig). Exit code 0: delivered to an endpoint; 1: not; 2: usage error.',
+  ].join('\n'),
+  usage: 'pier trace CLIENT ADDRESS:PORT/PROTO --node NAME [-f FILE_OR_DIR ... | --kubeconfig FILE] [--from-node] [-o text|json]',
+  allowPositionals: true,
+  options: [
+    { name: 'node', type: 'string', env: null, help: 'the Node whose rules to walk' },
+    { name: 'filename', type: 'list', env: null, help: 'manifest file or directory, as for pier plan (repeatable; -f works too); without it, the live cluster' },
+    { name: 'kubeconfig', type: 'string', env: null, help: 'without -f: the cluster to read (else $KUBECONFIG, the in-cluster ServiceAccount, ~/.kube/config)' },
+    { name: 'from-node', type: 'boolean', default: false, env: null, help: 'the client is a process on the node (assumed when CLIENT is one of its addresses)' },
+    { name: 'output', type: 'enum', values: ['text', 'json'], default: 'text', env: null, help: 'text for people, json for scripts (-o works too)' },
+    ...PLAN_OPTIONS,
+  ],
+};
+
+interface Objects {
+  nodes: V1Node[];
+  services: V1Service[];
+  slices: V1EndpointSlice[];
+}
+
+export async function runTrace(argv: string[]): Promise<number> {
+  // kubectl's short -f and -o.
+  const args = argv.map((a) => (a === '-f' ? '--filename' : a.startsWith('-f=') ? `--filename=${a.slice(3)}` : a === '-o' ? '--output' : a.startsWith('-o=') ? `--output=${a.slice(3)}` : a));
+  const parsed = parseCommand(TRACE_SPEC, args);
+  if (typeof parsed === 'number') return parsed;
+  const v = parsed.values;
+  const usage = (msg: string) => {
+    process.stderr.write(`pier trace: ${msg}\nUsage: ${TRACE_SPEC.usage}\n`);
+    return 2;
+  };
+  const nodeName = v['node'] as string | undefined;
+  const files = (v['filename'] as string[] | undefined) ?? [];
+  if (parsed.positionals.length !== 2) return usage('CLIENT and FRONTEND are required, e.g. pier trace 203.0.113.7 192.0.2.10:443/tcp --node n1 -f manifests/');
+  if (!nodeName) return usage('--node is required');
+  if (files.length > 0 && v['kubeconfig'] !== undefined) return usage('give either -f or --kubeconfig, not both');
+  const [clientText, frontendText] = parsed.positionals as [string, string];
+  let packet: TracePacket;
+  try {
+    const f = parseFrontend(frontendText);
+    const client = parseAddress(clientText);
+    if (!client) throw new TraceUsageError(`client ${JSON.stringify(clientText)} is not an IP address`);
+    if (client.family !== (f.address.includes(':') ? 'ipv6' : 'ipv4')) throw new TraceUsageError(`client ${client.text} and frontend ${f.address} are of different address families`);
+    packet = { client: client.text, ...f, fromNode: v['from-node'] as boolean };
+  } catch (err) {
+    if (err instanceof TraceUsageError) return usage(err.message);
+    throw err;
+  }
+
+  const objects = files.length > 0 ? fromManifests(files, nodeName, v) : await fromCluster(v['kubeconfig'] as string | undefined);
+  if (typeof objects === 'number') return objects;
+  const node = objects.nodes.find((n) => n.metadata?.name === nodeName);
+  if (!node) {
+    const known = objects.nodes.map((n) => n.metadata?.name).join(', ') || 'none';
+    process.stderr.write(`pier trace: no Node named ${JSON.stringify(nodeName)} (Nodes found: ${known})\n`);
+    return 1;
+  }
+  const world = traceWorld({
+    nodeName,
+    nodeAddresses: nodeAddresses(node),
+    services: objects.services,
+    slices: objects.slices,
+    config: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: v['default-class'] as boolean, maxPortsPerService: v['max-ports-per-service'] as number },
+    markBit: 1 << (v['masquerade-bit'] as number),
+  });
+  const verdict = trace(world, packet);
+  process.stdout.write(v['output'] === 'json' ? `${JSON.stringify(verdict, null, 2)}\n` : verdictText(verdict));
+  return verdict.outcome === 'delivered' ? 0 : 1;
+}
+
+/** As `pier plan` reads them: bad files skipped and named; Services without a status allocated as the controller would. */
+function fromManifests(files: string[], nodeName: string, v: Record<string, OptionValue>): Objects | number {
+  const { manifests, errors } = readManifestFiles(files);
+  for (const err of errors) process.stderr.write(`pier trace: skipped ${err.message}\n`);
+  if (!manifests.nodes.some((n) => n.metadata?.name === nodeName)) return manifests;
+  const { services, notes } = allocateOffline(manifests, nodeName, allocatorConfig(v));
+  // Only when trace made up a status is the note worth reading: the verdict explains the rest.
+  if (services.some((s, i) => s !== manifests.services[i])) for (const line of notes) process.stderr.write(`pier trace: ${line}\n`);
+  return { ...manifests, services };
+}
+
+/** The three lists the agent watches, read once. */
+async function fromCluster(kubeconfig: string | undefined): Promise<Objects | number> {
+  const { CoreV1Api, DiscoveryV1Api } = await import('@kubernetes/client-node');
+  const { loadKubeConfig } = await import('../lib/kube.ts');
+  const { kc } = loadKubeConfig({ kubeconfig });
+  const core = kc.makeApiClient(CoreV1Api);
+  const discovery = kc.makeApiClient(DiscoveryV1Api);
+  try {
+    const [nodes, services, slices] = await Promise.all([core.listNode(), core.listServiceForAllNamespaces(), discovery.listEndpointSliceForAllNamespaces()]);
+    return { nodes: nodes.items, services: services.items, slices: slices.items };
+  } catch (err) {
+    process.stderr.write(`pier trace: cannot list Nodes, Services and EndpointSlices from ${kc.getCurrentCluster()?.server ?? 'the cluster'}: ${(err as Error).message.split('\n')[0]}\n`);
+    return 1;
+  }
+}
