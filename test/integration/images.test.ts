@@ -222,7 +222,9 @@ describe('the images, as buildah built them', () => {
     ['controller', ['controller', '--help'], /^pier controller: .*\n\nUsage: pier controller/],
     ['controller', ['--help'], /^pier \d+\.\d+\.\d+: [\s\S]*Usage: pier <command>/],
     ['agent', ['agent', '--help'], /^pier agent: .*\n\nUsage: pier agent/],
-    ['agent', ['plan', '--help'], /^pier plan: .*\n\nUsage: pier plan/],
+    ['agent', ['plan', '--help'], /^pier plan: [\s\S]*\n\nUsage: pier plan/],
+    ['agent', ['trace', '--help'], /^pier trace: [\s\S]*\n\nUsage: pier trace/],
+    ['controller', ['status', '--help'], /^pier status: [\s\S]*\n\nUsage: pier status/],
     ['agent', ['cleanup', '--help'], /^pier cleanup: .*\n\nUsage: pier cleanup/],
     ['agent', ['check', '--help'], /^pier check: .*\n\nUsage: pier check/],
   ] as [Pier, string[], RegExp][])('%s image: %j exits 0 with its usage', async (image, args, usage) => {
