@@ -18,7 +18,7 @@ import { detectBackend } from './backend.ts';
 import { HeadStart } from './headstart.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
-import type { Model, Problem } from './model.ts';
+import { problemKey, type Model, type Problem } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
 import { TABLES, type Ruleset } from './render.ts';
 import { planText, restoreText } from './restore.ts';
@@ -178,7 +178,7 @@ export class Agent {
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
     this.cachesSynced = true;
-    this.log.info({ backend: this.backend, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
+    this.log.info({ backend: this.backend, backendReason: this.backendReason, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
     this.coalescer.request({ verify: true });
     this.resyncTimer = setInterval(() => {
       void this.checkNode().then(() => this.coalescer.request({ verify: true }));
@@ -424,7 +424,7 @@ export class Agent {
     const now = new Set<string>();
     const byReason = new Map<string, number>();
     for (const p of problems) {
-      const key = `${p.service}\u0000${p.port ?? ''}\u0000${p.reason}\u0000${p.message}`;
+      const key = problemKey(p);
       now.add(key);
       byReason.set(p.reason, (byReason.get(p.reason) ?? 0) + 1);
       if (this.lastProblems.has(key)) continue;

@@ -11,6 +11,8 @@ import type { DiscoveryV1EndpointPort, V1EndpointSlice, V1LoadBalancerIngress, V
 
 import { addressInfo, compareAddresses, compareText, parseCidr, type AddressInfo } from '../lib/address.ts';
 import { FAMILIES, SOURCE_RANGES_ANNOTATION, isPierService, type Family } from '../lib/contract.ts';
+import { SERVICE_NAME_LABEL, safely, serviceKey, timestamp } from '../lib/objects.ts';
+import { problemKey, type Problem as ReportedProblem } from '../lib/problem.ts';
 
 export type { Family };
 export { isPierService };
@@ -55,15 +57,11 @@ export interface FamilyModel {
   ports: ServicePortPlan[];
 }
 
-export interface Problem {
-  /** `namespace/name` */
+/** The agent's problems always name their Service. */
+export interface Problem extends ReportedProblem {
   service: string;
-  /** The Service port's name, or its index when unnamed. */
-  port?: string;
-  /** CamelCase, usable as an Event reason. */
-  reason: string;
-  message: string;
 }
+export { problemKey };
 
 export interface ModelConfig {
   loadBalancerClass: string;
@@ -87,7 +85,7 @@ export interface Model {
   problems: Problem[];
 }
 
-export const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
+export { SERVICE_NAME_LABEL };
 
 // ---------------------------------------------------------------------------
 // Addresses (lib/address.ts), and the order of frontends
@@ -182,9 +180,7 @@ export function sliceServiceId(slice: V1EndpointSlice): string | undefined {
 }
 
 /** `namespace/name` of a Service: the id sliceServiceId gives its slices. */
-export function serviceId(svc: V1Service): string {
-  return [svc.metadata?.namespace ?? '', '/', svc.metadata?.name ?? ''].join('');
-}
+export const serviceId = serviceKey;
 
 export function serviceOwner(svc: V1Service): ServiceIdentity {
   try {
@@ -636,23 +632,6 @@ function serviceSortHead(svc: V1Service): string {
   }, '');
 }
 
-function safely<T>(read: () => T, fallback: T): T {
-  try {
-    return read();
-  } catch {
-    return fallback;
-  }
-}
-
-function timestamp(t: unknown): number {
-  if (t === undefined || t === null) return Number.POSITIVE_INFINITY;
-  const ms = t instanceof Date ? t.getTime() : new Date(t as string).getTime();
-  return Number.isNaN(ms) ? Number.POSITIVE_INFINITY : ms;
-}
-
-export function problemKey(p: Problem): string {
-  return `${p.service}\0${p.port ?? ''}\0${p.reason}\0${p.message}`;
-}
 
 export function dedupeProblems(problems: readonly Problem[]): Problem[] {
   if (problems.length === 0) return [];

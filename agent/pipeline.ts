@@ -25,9 +25,9 @@
 // caches start over.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
+import { safely } from '../lib/objects.ts';
 import {
   buildModel,
-  compareFrontends,
   comparePlans,
   conflictProblems,
   dedupeProblems,
@@ -232,7 +232,7 @@ class IncrementalModel {
   warm(ctxInput: ContextInput, svc: V1Service, slices: readonly V1EndpointSlice[]): ServiceResult | undefined {
     if (this.last) return undefined;
     const ctx = this.context(ctxInput);
-    if (!safely(() => isPierService(svc, ctx.config))) return undefined;
+    if (!safely(() => isPierService(svc, ctx.config), false)) return undefined;
     const owner = serviceOwner(svc);
     // The shape update() gives a Service's slices, in the order listed.
     const set: SliceSet = slices.length === 0 ? undefined : slices.length === 1 ? slices[0] : [...slices];
@@ -302,7 +302,7 @@ class IncrementalModel {
       if (!svc || typeof svc !== 'object') continue;
       let live = this.byObject.get(svc);
       if (!live || !live.current || live.svc !== svc) {
-        if (!safely(() => isPierService(svc, this.ctx!.config))) continue;
+        if (!safely(() => isPierService(svc, this.ctx!.config), false)) continue;
         const owner = serviceOwner(svc);
         live = this.live.get(owner.id);
         if (!live) {
@@ -564,13 +564,6 @@ function mergePlans(list: readonly ServicePortPlan[], drop: ReadonlySet<ServiceP
   return out;
 }
 
-function safely(read: () => boolean): boolean {
-  try {
-    return read();
-  } catch {
-    return false;
-  }
-}
 
 // ---------------------------------------------------------------------------
 // The rules

@@ -17,7 +17,7 @@
 //    kept while it is valid; ports are drawn only for what holds nothing, so
 //    that feeding this function its own output returns the same output.
 import type { V1EndpointSlice, V1Lease, V1Node, V1Service, V1ServicePort } from '@kubernetes/client-node';
-import { parseAddress, type ParsedAddress as Address } from '../lib/address.ts';
+import { compareText, parseAddress, type ParsedAddress as Address } from '../lib/address.ts';
 
 import {
   EXCLUDE_FROM_LB_LABEL,
@@ -31,6 +31,8 @@ import {
   isPierService,
 } from '../lib/contract.ts';
 import { leaseIsFresh } from '../lib/lease.ts';
+import { SERVICE_NAME_LABEL, safely, serviceKey, timestamp } from '../lib/objects.ts';
+import type { Problem } from '../lib/problem.ts';
 
 export type { Family };
 
@@ -150,10 +152,7 @@ export interface ReadyCondition {
   message: string;
 }
 
-export interface Problem {
-  reason: string;
-  message: string;
-}
+export type { Problem };
 
 export interface ServiceAllocation {
   ingress: IngressAssignment[];
@@ -173,9 +172,7 @@ export interface Allocation {
 // ---------------------------------------------------------------------------
 // Which Services
 
-export function serviceKey(svc: V1Service): string {
-  return `${svc?.metadata?.namespace ?? ''}/${svc?.metadata?.name ?? ''}`;
-}
+export { serviceKey };
 
 
 // ---------------------------------------------------------------------------
@@ -262,7 +259,6 @@ function readNode(node: V1Node, leases: Map<string, V1Lease[]>, isFresh: (l: V1L
   return view;
 }
 
-const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
 
 /** Per Service key and family: the nodes with a ready endpoint. */
 function readyNodes(slices: V1EndpointSlice[]): Map<string, Record<Family, Set<string>>> {
@@ -862,23 +858,7 @@ function isPort(p: unknown): p is number {
   return typeof p === 'number' && Number.isInteger(p) && p >= 1 && p <= 65535;
 }
 
-function timestamp(t: unknown): number {
-  if (t === undefined || t === null) return Number.POSITIVE_INFINITY;
-  const ms = new Date(t as string | Date).getTime();
-  return Number.isNaN(ms) ? Number.POSITIVE_INFINITY : ms;
-}
 
-function compareText(a: string, b: string): number {
-  return a < b ? -1 : a > b ? 1 : 0;
-}
-
-function safely<T>(read: () => T, fallback: T): T {
-  try {
-    return read();
-  } catch {
-    return fallback;
-  }
-}
 
 function uniqueBy<T>(items: readonly T[], keyOf: (item: T) => string): T[] {
   // Serialised only when a key repeats: informer caches never repeat one,

@@ -11,6 +11,7 @@
 // leaseDurationSeconds against the local clock, as of now.
 import type { V1EndpointSlice, V1Lease, V1Node, V1Service } from '@kubernetes/client-node';
 
+import { compareText } from '../lib/address.ts';
 import { agentLeaseName, isPierService, LEASE_FORWARDING_IPV4_REASON, LEASE_FORWARDING_IPV6_REASON, READY_CONDITION, type Family } from '../lib/contract.ts';
 import { judgeNodes, serviceKey, type AllocatorConfig } from './allocate.ts';
 
@@ -233,8 +234,4 @@ export function formatTable(report: StatusReport): string {
 
 export function formatJson(report: StatusReport): string {
   return `${JSON.stringify(report, null, 2)}\n`;
-}
-
-function compareText(a: string, b: string): number {
-  return a < b ? -1 : a > b ? 1 : 0;
 }

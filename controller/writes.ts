@@ -5,7 +5,8 @@
 // disagree about whether a Service needs work.
 import type { V1LoadBalancerIngress, V1Service, V1ServiceStatus } from '@kubernetes/client-node';
 
-import { REASONS, type IngressAssignment, type Problem, type ServiceAllocation } from './allocate.ts';
+import { problemKey, type Problem } from '../lib/problem.ts';
+import { REASONS, type IngressAssignment, type ServiceAllocation } from './allocate.ts';
 import { annotationPatch, clearPatch, statusPatch, type StatusPatch } from './status.ts';
 
 export interface ServiceWork {
@@ -105,9 +106,7 @@ export function serviceState(a: ServiceAllocation): ServiceState {
   return a.condition.reason === REASONS.partiallyServed ? 'partial' : 'unserved';
 }
 
-export function problemKey(p: Problem): string {
-  return `${p.reason}\u0000${p.message}`;
-}
+export { problemKey };
 
 /** Problems not in `reported`: each deserves one Warning Event. */
 export function newProblems(reported: ReadonlySet<string> | undefined, problems: readonly Problem[]): Problem[] {
