@@ -28,19 +28,10 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { CoreV1Api, DiscoveryV1Api, type KubeConfig } from '@kubernetes/client-node';
+import { CoreV1Api, DiscoveryV1Api } from '@kubernetes/client-node';
 import { execa, type ResultPromise } from 'execa';
-import {
-  AGENT_LEASE_LABEL,
-  AGENT_LEASE_LABEL_VALUE,
-  LEASE_FORWARDING_IPV4,
-  LEASE_FORWARDING_IPV6,
-  LEASE_IPTABLES_BACKEND,
-  LEASE_NODE,
-  LEASE_VERSION,
-  agentLeaseName,
-} from '../lib/contract.ts';
-import { LeaseRenewer } from '../lib/lease.ts';
+import type { LeaseRenewer } from '../lib/lease.ts';
+import { fakeAgents } from './fake-agents.ts';
 import { ensureNamespace, registerNode, startControlPlane } from '../test/cluster/controlplane.ts';
 import { atExit } from '../test/support/cleanup.ts';
 import { Fleet, StatusWatch, fleetItems, summarize, type FleetSpec } from '../test/support/fleet.ts';
@@ -84,23 +75,6 @@ function shippedNodeFlags(): string[] {
   return argv.slice(1, -1);
 }
 
-/** Fresh agent Leases that say both families forward, renewed as the agent does by default (as bench/controller.ts's). */
-function fakeAgents(kc: KubeConfig): LeaseRenewer[] {
-  return NODES.map((n) => {
-    const r = new LeaseRenewer({
-      kc,
-      namespace: SYSTEM,
-      name: agentLeaseName(n.name),
-      holder: n.name,
-      durationSeconds: 20,
-      renewEveryMs: 5000,
-      labels: { [AGENT_LEASE_LABEL]: AGENT_LEASE_LABEL_VALUE },
-      annotations: () => ({ [LEASE_NODE]: n.name, [LEASE_FORWARDING_IPV4]: 'true', [LEASE_FORWARDING_IPV6]: 'true', [LEASE_IPTABLES_BACKEND]: 'nft', [LEASE_VERSION]: 'bench' }),
-    });
-    r.start();
-    return r;
-  });
-}
 
 /** Dual-stack Services with an endpoint on each node, as `kubectl expose` and the EndpointSlice controller leave them. */
 function spec(namespace: string, prefix: string, count: number, firstPort: number): FleetSpec {
@@ -310,7 +284,7 @@ try {
   const core = fleet.kc.makeApiClient(CoreV1Api);
   for (const ns of [SYSTEM, 'background', 'churn']) await ensureNamespace(core, ns);
   for (const n of NODES) await registerNode(core, nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]));
-  agents = fakeAgents(fleet.kc);
+  agents = fakeAgents(fleet.kc, NODES.map((n) => n.name), SYSTEM);
   await fleet.create(spec('background', 'bg-', BACKGROUND, 10000), { concurrency: 20 });
   const cli = await bundleInto(join(ROOT, '.cache', 'bench-controller-rss'));
   process.stdout.write(

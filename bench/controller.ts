@@ -15,18 +15,9 @@
 import { CoreV1Api, EventsV1Api, KubeConfig, V1MicroTime, type EventsV1Event, type V1Service } from '@kubernetes/client-node';
 import { execa } from 'execa';
 import { statusPatch } from '../controller/status.ts';
-import {
-  AGENT_LEASE_LABEL,
-  AGENT_LEASE_LABEL_VALUE,
-  LEASE_FORWARDING_IPV4,
-  LEASE_FORWARDING_IPV6,
-  LEASE_IPTABLES_BACKEND,
-  LEASE_NODE,
-  LEASE_VERSION,
-  agentLeaseName,
-} from '../lib/contract.ts';
 import { requestOptions } from '../lib/kube.ts';
-import { LeaseRenewer } from '../lib/lease.ts';
+import type { LeaseRenewer } from '../lib/lease.ts';
+import { fakeAgents } from './fake-agents.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../test/cluster/controlplane.ts';
 import { Fleet, StatusWatch, fleetItems, inParallel, summarize, type FleetItem, type FleetSpec } from '../test/support/fleet.ts';
 import { node as nodeObject } from '../test/support/objects.ts';
@@ -87,23 +78,6 @@ function throughputSpec(namespace: string, count: number, first: number, loadBal
   };
 }
 
-/** Fresh agent Leases that say both families forward, renewed as the agent does by default. */
-function fakeAgents(kc: KubeConfig): LeaseRenewer[] {
-  return NODES.map((n) => {
-    const r = new LeaseRenewer({
-      kc,
-      namespace: SYSTEM,
-      name: agentLeaseName(n.name),
-      holder: n.name,
-      durationSeconds: 20,
-      renewEveryMs: 5000,
-      labels: { [AGENT_LEASE_LABEL]: AGENT_LEASE_LABEL_VALUE },
-      annotations: () => ({ [LEASE_NODE]: n.name, [LEASE_FORWARDING_IPV4]: 'true', [LEASE_FORWARDING_IPV6]: 'true', [LEASE_IPTABLES_BACKEND]: 'nft', [LEASE_VERSION]: 'bench' }),
-    });
-    r.start();
-    return r;
-  });
-}
 
 /**
  * What pier writes for a Service served on both nodes, as the controller
@@ -222,7 +196,7 @@ async function throughputAndMemory(): Promise<void> {
     for (const n of NODES) {
       await registerNode(core, nodeObject(n.name, [{ type: 'InternalIP', address: n.v4 }, { type: 'InternalIP', address: n.v6 }]));
     }
-    agents = fakeAgents(kc);
+    agents = fakeAgents(kc, NODES.map((n) => n.name), SYSTEM);
 
     // -- Status floor: existing Services (of another class, so no controller would touch them).
     note(`\nstatus floor: a plain loop patching the status of ${N} existing Services`);
