@@ -177,10 +177,9 @@ describe('pier agent heals drift inside its chains', () => {
 
     from = log.length;
     const [dup] = (await lab.exec(node.ns, 'iptables', ['-t', 'filter', '-S', 'FORWARD'])).stdout.split('\n').filter((l) => l.includes('PIER-FORWARD'));
-    await lab.exec(node.ns, 'sh', ['-c', `iptables -t filter ${dup!}`]);
-    await lab.exec(node.ns, 'iptables', ['-t', 'filter', '-N', 'PIER-STRAY']);
-    await lab.exec(node.ns, 'iptables', ['-t', 'filter', '-A', 'PIER-STRAY', '-j', 'DROP']);
-    await lab.exec(node.ns, 'iptables', ['-t', 'filter', '-I', 'INPUT', '1', '-j', 'PIER-STRAY']);
+    // One transaction: a resync between separate commands would see only part of the drift.
+    const drift = ['*filter', ':PIER-STRAY - [0:0]', dup!, '-A PIER-STRAY -j DROP', '-I INPUT 1 -j PIER-STRAY', 'COMMIT', ''].join('\n');
+    await lab.exec(node.ns, 'iptables-restore', ['--noflush'], { input: drift });
     await healed();
     await serve();
     const found = await eventually('logged', () => driftLogs(from)[0]);
