@@ -13,10 +13,12 @@ import { LeaseRenewer } from '../lib/lease.ts';
 import type { Logger } from '../lib/log.ts';
 import { slimEndpointSlice, slimNode, slimService } from '../lib/slim.ts';
 import { VERSION } from '../lib/version.ts';
-import { Applier, eachFamily } from './applier.ts';
+import { Applier, eachFamily, removeAll, type ApplyMode } from './applier.ts';
 import { detectBackend } from './backend.ts';
 import { HeadStart } from './headstart.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
+import { NftApplier, findForwardDrops, nftUsable, removeNftTables } from './nft-applier.ts';
+import { NftRenderer, nftCounts, nftScript, NFT_TABLE, type NftUpdate } from './nft.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
 import { problemKey, type Model, type Problem } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
@@ -31,7 +33,10 @@ export interface AgentConfig {
   defaultClass: boolean;
   dryRun: boolean;
   setSysctls: boolean;
-  backend: 'auto' | Backend;
+  /** Which rules pier writes: iptables chains, or its own nftables table. */
+  backend: 'auto' | RuleBackend;
+  /** The iptables flavour, for the iptables backend. */
+  iptablesBackend: 'auto' | Backend;
   markBit: number;
   maxPortsPerService: number;
   minSyncIntervalMs: number;
@@ -41,6 +46,11 @@ export interface AgentConfig {
   leaseDurationSeconds: number;
   leaseRenewMs: number;
 }
+
+export type RuleBackend = 'iptables' | 'nftables';
+
+/** One family's rules for one sync, in the backend's form, and what rendering them cost. */
+type Rendered = { renderMs: number } & ({ kind: 'iptables'; ruleset: Ruleset } | { kind: 'nftables'; nft: NftUpdate });
 
 /** What this node can do for one family, as the Lease reports it. */
 interface Capability {
@@ -76,9 +86,15 @@ export class Agent {
   private lease: LeaseRenewer | undefined;
   private health: Awaited<ReturnType<typeof startHealthServer>> | undefined;
   private resyncTimer: NodeJS.Timeout | undefined;
-  private appliers = new Map<Family, Applier>();
+  private appliers = new Map<Family, Applier | NftApplier>();
+  private ruleBackend: RuleBackend = 'iptables';
+  private ruleBackendReason = '';
   private backend: Backend = 'nft';
   private backendReason = '';
+  /** Whether the other backend's rules were looked for (once, after the first good sync). */
+  private leftoversRemoved = false;
+  /** Other tables' forward chains whose policy drops, last reported (nftables backend). */
+  private forwardDrops = '';
   private capability: Record<Family, Capability> = {
     ipv4: { forwarding: false, reason: 'not checked yet' },
     ipv6: { forwarding: false, reason: 'not checked yet' },
@@ -86,7 +102,9 @@ export class Agent {
   /** Families whose last apply failed, with the error. */
   private applyErrors = new Map<Family, string>();
   private lastProblems = new Set<string>();
-  private dryRunApplied = new Map<Family, Ruleset>();
+  private dryRunApplied = new Map<Family, Ruleset | NftUpdate>();
+  /** The nftables backend's table per family, kept between syncs. */
+  private nftRenderers = new Map<Family, NftRenderer>();
   /** Per family, the UDP and SCTP frontends whose stale flows are gone; unset until the first clean-up. */
   private flowsCleaned = new Map<Family, FlowFrontends>();
   private conntrack = new Map<Family, Conntrack>();
@@ -101,6 +119,10 @@ export class Agent {
   private cachesSynced = false;
   private readyDetail = 'no successful sync yet';
   ready = false;
+
+  private get markBit(): number {
+    return 1 << this.cfg.markBit;
+  }
 
   constructor(cfg: AgentConfig, deps: AgentDeps) {
     this.cfg = cfg;
@@ -130,7 +152,7 @@ export class Agent {
         defaultClass: cfg.defaultClass,
         maxPortsPerService: cfg.maxPortsPerService,
       },
-      render: { markBit: 1 << cfg.markBit },
+      render: { markBit: this.markBit },
     });
     this.events = new EventRecorder({ kc: deps.kc, controller: 'pier.dev/agent', instance: cfg.nodeName, log: this.log });
     this.coalescer = new Coalescer((o) => this.sync(o), {
@@ -173,12 +195,14 @@ export class Agent {
     this.nodes.onChange(onChange);
     // The first sync's iptables-save is read, its iptables-restore started,
     // and what each Service needs computed, while the informers list.
-    for (const applier of this.appliers.values()) void applier.prepare();
-    this.headStart = new HeadStart(this.pipeline, this.renderedFamilies());
+    for (const applier of this.appliers.values()) if (applier instanceof Applier) void applier.prepare();
+    // The model is warmed either way; iptables rule texts only for the iptables backend.
+    this.headStart = new HeadStart(this.pipeline, this.ruleBackend === 'iptables' ? this.renderedFamilies() : []);
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
     this.cachesSynced = true;
-    this.log.info({ backend: this.backend, backendReason: this.backendReason, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
+    const iptables = this.ruleBackend === 'iptables' ? { iptablesBackend: this.backend, iptablesBackendReason: this.backendReason } : {};
+    this.log.info({ backend: this.ruleBackend, backendReason: this.ruleBackendReason, ...iptables, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
     this.coalescer.request({ verify: true });
     this.resyncTimer = setInterval(() => {
       void this.checkNode().then(() => this.coalescer.request({ verify: true }));
@@ -194,41 +218,101 @@ export class Agent {
     clearInterval(this.resyncTimer);
     clearTimeout(this.flowRetry.timer);
     await this.coalescer.stop();
-    for (const applier of this.appliers.values()) applier.close();
+    for (const applier of this.appliers.values()) if (applier instanceof Applier) applier.close();
     await Promise.all([this.services.stop(), this.slices.stop(), this.nodes.stop()]);
     await this.lease?.stop();
     await this.health?.close();
   }
 
-  /** Forwarding sysctls, iptables backend and ip6tables nat: what this node can serve. */
+  /** The rule backend and, for iptables, its flavour: chosen once, before the first applier exists. */
+  private async chooseBackends(runner: Runner): Promise<void> {
+    const cfg = this.cfg;
+    if (cfg.iptablesBackend === 'auto') {
+      const choice = await detectBackend(runner);
+      this.backend = choice.backend;
+      this.backendReason = choice.reason;
+    } else {
+      this.backend = cfg.iptablesBackend;
+      this.backendReason = 'set with --iptables-backend';
+    }
+    if (cfg.backend !== 'auto') {
+      this.ruleBackend = cfg.backend;
+      this.ruleBackendReason = 'set with --backend';
+      return;
+    }
+    // iptables stays the default wherever it works; nftables is for hosts without it.
+    const xtError = await this.iptablesError('ipv4', runner);
+    const nft = xtError ? await nftUsable(runner) : undefined;
+    this.ruleBackend = nft?.ok ? 'nftables' : 'iptables';
+    this.ruleBackendReason = !xtError ? 'iptables works' : nft?.ok ? `iptables does not work (${xtError}); nft does` : `neither works; iptables: ${xtError}`;
+  }
+
+  /** Why iptables cannot serve `family` on this host, if it cannot. */
+  private async iptablesError(family: Family, runner: Runner): Promise<string | undefined> {
+    const xt = new Xtables(family, this.backend, runner);
+    for (const table of TABLES) {
+      const t = await xt.hasTable(table);
+      if (!t.ok) return `${family === 'ipv4' ? 'iptables' : 'ip6tables'} has no usable ${table} table: ${t.error}`;
+    }
+    return undefined;
+  }
+
+  /**
+   * Once this backend's rules are in place: the other backend's, which an
+   * agent before a switch of --backend left (both would DNAT; the first nat
+   * chain to bind a connection wins), go. As kube-proxy cleans up after its
+   * other modes. Never fails the sync: a host without the other tool has
+   * nothing of it.
+   */
+  private async removeLeftovers(): Promise<void> {
+    this.leftoversRemoved = true;
+    const runner = this.deps.runner ?? commandRunner();
+    const removed: string[] = [];
+    const attempt = async (what: string, remove: () => Promise<number>) => {
+      try {
+        const n = await remove();
+        if (n > 0) removed.push(`${what}: ${n}`);
+      } catch (err) {
+        this.log.debug({ err: (err as Error).message }, `looking for pier's ${what} failed`);
+      }
+    };
+    if (this.ruleBackend === 'nftables') {
+      for (const flavour of ['nft', 'legacy'] as const) {
+        for (const family of contract.FAMILIES) {
+          await attempt(`iptables-${flavour} ${family} chains and jumps`, async () => {
+            const r = await removeAll(new Xtables(family, flavour, runner));
+            return r.chains + r.jumps;
+          });
+        }
+      }
+    } else await attempt('nftables tables', () => removeNftTables(runner));
+    if (removed.length > 0) this.log.info({ removed }, `removed pier's rules of the other backend (now ${this.ruleBackend})`);
+  }
+
+  /** Forwarding sysctls, the rule backend and its tables: what this node can serve. */
   async checkNode(): Promise<void> {
     const cfg = this.cfg;
     const runner = this.deps.runner ?? commandRunner();
-    if (this.appliers.size === 0 && !cfg.dryRun) {
-      if (cfg.backend === 'auto') {
-        const choice = await detectBackend(runner);
-        this.backend = choice.backend;
-        this.backendReason = choice.reason;
-      } else {
-        this.backend = cfg.backend;
-        this.backendReason = 'set with --iptables-backend';
-      }
+    if (this.appliers.size === 0) {
+      if (cfg.dryRun) {
+        // Nothing is run in a dry run; auto prints what the default would write.
+        this.ruleBackend = cfg.backend === 'nftables' ? 'nftables' : 'iptables';
+        this.ruleBackendReason = cfg.backend === 'auto' ? 'dry run: the default' : 'set with --backend';
+      } else await this.chooseBackends(runner);
     }
+    const nftables = this.ruleBackend === 'nftables';
+    const nftError = nftables && !cfg.dryRun ? await nftUsable(runner) : undefined;
+    if (nftables && !cfg.dryRun) await this.reportForwardDrops(runner);
     for (const family of contract.FAMILIES) {
       const fwd = await checkForwarding(family, { set: cfg.setSysctls && !cfg.dryRun, root: this.deps.procSys });
       let tableError: string | undefined;
       if (!cfg.dryRun) {
-        const xt = new Xtables(family, this.backend, runner);
-        for (const table of TABLES) {
-          const t = await xt.hasTable(table);
-          if (!t.ok) {
-            tableError = `${family === 'ipv4' ? 'iptables' : 'ip6tables'} has no usable ${table} table: ${t.error}`;
-            break;
-          }
-        }
+        tableError = nftables ? (nftError?.ok === false ? `nft is not usable: ${nftError.error}` : undefined) : await this.iptablesError(family, runner);
         // Rules are programmed even while forwarding is off, so they work the
         // moment it is turned on; only unusable tables keep a family out.
-        if (!tableError && !this.appliers.has(family)) this.appliers.set(family, new Applier(xt, this.log, this.metrics));
+        if (!tableError && !this.appliers.has(family)) {
+          this.appliers.set(family, nftables ? new NftApplier(family, runner, this.log, this.metrics) : new Applier(new Xtables(family, this.backend, runner), this.log, this.metrics));
+        }
       }
       const cap: Capability = tableError
         ? { forwarding: false, reason: tableError }
@@ -249,10 +333,34 @@ export class Agent {
     }
   }
 
+  /**
+   * An accept in pier's nftables table cannot override a drop in another
+   * table's forward chain: say so (log and Event) whenever the set of such
+   * chains changes, since what pier DNATs to other hosts then passes only
+   * if the host's own rules accept it.
+   */
+  private async reportForwardDrops(runner: Runner): Promise<void> {
+    let drops: string[];
+    try {
+      drops = await findForwardDrops(runner);
+    } catch {
+      return;
+    }
+    const now = drops.join(', ');
+    if (now === this.forwardDrops) return;
+    this.forwardDrops = now;
+    if (drops.length === 0) return;
+    const note = `forward chains with policy drop (${now}): pier's nftables table cannot accept across tables; add an accept for DNATed connections (iptables -A FORWARD -m conntrack --ctstate DNAT -j ACCEPT and the same with ip6tables, or ct status dnat accept in an nftables forward chain) or run pier with --backend iptables`;
+    this.log.warn({ chains: drops }, note);
+    this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason: 'ForwardPolicyDrop', action: 'Check', note });
+  }
+
   private leaseAnnotations(): Record<string, string> {
     const a: Record<string, string> = {
       [contract.LEASE_NODE]: this.cfg.nodeName,
-      [contract.LEASE_IPTABLES_BACKEND]: this.backend,
+      [contract.LEASE_BACKEND]: this.ruleBackend,
+      // Only the iptables backend has a flavour.
+      [contract.LEASE_IPTABLES_BACKEND]: this.ruleBackend === 'iptables' ? this.backend : '',
       [contract.LEASE_VERSION]: VERSION,
     };
     const keys = {
@@ -306,7 +414,7 @@ export class Agent {
     }
     this.syncs++;
     // A full rewrite's iptables-save runs, and its iptables-restore starts, while the rules are computed.
-    for (const applier of this.appliers.values()) void applier.prepare();
+    for (const applier of this.appliers.values()) if (applier instanceof Applier) void applier.prepare();
     // Incremental: the informers hand out the same object for an unchanged
     // Service or slice, so only what changed since the last sync is redone.
     const model = this.pipeline.model({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
@@ -316,13 +424,18 @@ export class Agent {
     // input while this thread is free to write it, and nft runs the two side
     // by side (eachFamily).
     const families = this.renderedFamilies();
-    const planned = new Map<Family, { ruleset: Ruleset; renderMs: number }>();
+    const planned = new Map<Family, Rendered>();
     for (const family of families) {
       const started = performance.now();
-      const ruleset = this.pipeline.ruleset(model[family]);
-      planned.set(family, { ruleset, renderMs: performance.now() - started });
+      const rendered: Rendered =
+        this.ruleBackend === 'nftables'
+          ? { kind: 'nftables', nft: this.nftRenderer(family).update(model[family]), renderMs: 0 }
+          : { kind: 'iptables', ruleset: this.pipeline.ruleset(model[family]), renderMs: 0 };
+      rendered.renderMs = performance.now() - started;
+      planned.set(family, rendered);
     }
-    const outcomes = await eachFamily(this.backend, families, async (family) => {
+    // nft takes no lock: both families side by side, as iptables-nft.
+    const outcomes = await eachFamily(this.ruleBackend === 'nftables' ? 'nft' : this.backend, families, async (family) => {
       const ok = await this.applyFamily(family, planned.get(family)!, opts);
       // Only once the rules that should serve a flow are in place: the
       // flow's next packet must meet them.
@@ -330,6 +443,7 @@ export class Agent {
       return ok;
     });
     const allOk = outcomes.every(Boolean);
+    if (allOk && !this.leftoversRemoved && !this.cfg.dryRun) await this.removeLeftovers();
     if (allOk) {
       this.ready = true;
       this.readyDetail = `synced ${this.syncs} times`;
@@ -340,18 +454,12 @@ export class Agent {
   }
 
   /** One family's apply, with its metrics, logs and Events; whether it succeeded. Never throws. */
-  private async applyFamily(family: Family, { ruleset, renderMs }: { ruleset: Ruleset; renderMs: number }, opts: { verify: boolean }): Promise<boolean> {
+  private async applyFamily(family: Family, rendered: Rendered, opts: { verify: boolean }): Promise<boolean> {
     const started = performance.now();
     try {
-      const mode = this.cfg.dryRun ? this.printDryRun(family, ruleset) : (await this.appliers.get(family)!.apply(ruleset, opts)).mode;
-      this.metrics.syncDuration.observe({ family, mode }, (renderMs + performance.now() - started) / 1000);
-      for (const table of TABLES) {
-        const t = ruleset.tables[table];
-        let rules = t.jumps.length;
-        for (const r of t.chains.values()) rules += r.length;
-        this.metrics.rules.set({ family, table }, rules);
-        this.metrics.chains.set({ family, table }, t.chains.size);
-      }
+      const mode = this.cfg.dryRun ? this.printDryRun(family, rendered) : await this.applyRendered(family, rendered, opts);
+      this.metrics.syncDuration.observe({ family, mode }, (rendered.renderMs + performance.now() - started) / 1000);
+      this.countRules(family, rendered);
       if (this.applyErrors.delete(family)) this.lease?.renewNow();
       return true;
     } catch (err) {
@@ -365,17 +473,54 @@ export class Agent {
     }
   }
 
-  private printDryRun(family: Family, ruleset: Ruleset): 'full' | 'partial' | 'noop' {
+  private nftRenderer(family: Family): NftRenderer {
+    let r = this.nftRenderers.get(family);
+    if (!r) this.nftRenderers.set(family, (r = new NftRenderer(family, this.markBit)));
+    return r;
+  }
+
+  private async applyRendered(family: Family, r: Rendered, opts: { verify: boolean }): Promise<ApplyMode> {
+    const applier = this.appliers.get(family)!;
+    if (r.kind === 'nftables') return (await (applier as NftApplier).apply(r.nft, opts)).mode;
+    return (await (applier as Applier).apply(r.ruleset, opts)).mode;
+  }
+
+  private countRules(family: Family, r: Rendered): void {
+    if (r.kind === 'nftables') {
+      const { rules, chains } = nftCounts(r.nft.state);
+      this.metrics.rules.set({ family, table: NFT_TABLE }, rules);
+      this.metrics.chains.set({ family, table: NFT_TABLE }, chains);
+      return;
+    }
+    for (const table of TABLES) {
+      const t = r.ruleset.tables[table];
+      let rules = t.jumps.length;
+      for (const c of t.chains.values()) rules += c.length;
+      this.metrics.rules.set({ family, table }, rules);
+      this.metrics.chains.set({ family, table }, t.chains.size);
+    }
+  }
+
+  private printDryRun(family: Family, r: Rendered): ApplyMode {
     const previous = this.dryRunApplied.get(family);
-    const payload = previous ? restoreText(ruleset, { previous }) : planText(ruleset);
-    this.dryRunApplied.set(family, ruleset);
+    let payload: string;
+    let tool: string;
+    if (r.kind === 'nftables') {
+      payload = previous ? r.nft.delta : nftScript(r.nft.state);
+      tool = 'nft -f';
+      this.dryRunApplied.set(family, r.nft);
+    } else {
+      payload = previous ? restoreText(r.ruleset, { previous: previous as Ruleset }) : planText(r.ruleset);
+      tool = `${family === 'ipv4' ? 'iptables' : 'ip6tables'}-restore --noflush`;
+      this.dryRunApplied.set(family, r.ruleset);
+    }
     const out = this.deps.out ?? ((t: string) => process.stdout.write(t));
     const head = `# pier agent --dry-run: node ${this.cfg.nodeName}, ${family}, sync ${this.syncs}`;
     if (payload === '') {
       out(`${head}: no change\n`);
       return 'noop';
     }
-    out(`${head}: ${previous ? 'changes' : 'complete ruleset'} for ${family === 'ipv4' ? 'iptables' : 'ip6tables'}-restore --noflush\n${payload}`);
+    out(`${head}: ${previous ? 'changes' : 'complete ruleset'} for ${tool}\n${payload}`);
     return previous ? 'partial' : 'full';
   }
 

@@ -1,5 +1,5 @@
-// `pier cleanup`: removes every pier chain and every jump into one, in both
-// families, and nothing else. For uninstalling: stop the agent first, or it
+// `pier cleanup`: removes every pier chain and every jump into one, and
+// pier's nftables tables, in both families, and nothing else. For uninstalling: stop the agent first, or it
 // puts the rules back at its next sync.
 import { parseCommand, type CommandSpec } from '../lib/command.ts';
 import { FAMILIES } from '../lib/contract.ts';
@@ -7,10 +7,11 @@ import { removeAll } from './applier.ts';
 import { detectBackend } from './backend.ts';
 import { Xtables, commandRunner, type Backend } from './iptables.ts';
 import { BACKEND_OPTION } from './main.ts';
+import { removeNftTables } from './nft-applier.ts';
 
 export const CLEANUP_SPEC: CommandSpec = {
   name: 'cleanup',
-  summary: 'pier cleanup: remove every pier chain and rule from this node, IPv4 and IPv6',
+  summary: "pier cleanup: remove every pier chain and rule, and pier's nftables tables, from this node, IPv4 and IPv6",
   usage: 'pier cleanup [--iptables-backend auto|nft|legacy]',
   options: [BACKEND_OPTION],
 };
@@ -38,6 +39,17 @@ export async function runCleanup(argv: string[]): Promise<number> {
         failed = true;
         process.stderr.write(`${backend} ${family}: ${(err as Error).message}\n`);
       }
+    }
+  }
+  // Whichever backend the agent ran with: a host may have switched.
+  try {
+    const tables = await removeNftTables(runner);
+    process.stdout.write(`nftables: removed ${tables} pier table${tables === 1 ? '' : 's'}\n`);
+  } catch (err) {
+    // A host without nft has no pier table either.
+    if (!/cannot run nft/.test((err as Error).message)) {
+      failed = true;
+      process.stderr.write(`nftables: ${(err as Error).message}\n`);
     }
   }
   return failed ? 1 : 0;

@@ -11,7 +11,16 @@ export const BACKEND_OPTION = {
   type: 'enum',
   values: ['auto', 'nft', 'legacy'],
   default: 'auto',
-  help: 'iptables flavour; auto detects the one the host uses (kubelet hint chains, then rule counts)',
+  help: 'iptables flavour for the iptables backend; auto detects the one the host uses (kubelet hint chains, then rule counts)',
+} as const;
+
+export const RULE_BACKEND_OPTION = {
+  name: 'backend',
+  type: 'enum',
+  values: ['iptables', 'nftables', 'auto'],
+  default: 'iptables',
+  env: 'PIER_BACKEND',
+  help: "which rules to write: iptables chains, or pier's own nftables tables (ip pier, ip6 pier); auto takes nftables only where iptables does not work",
 } as const;
 
 export const AGENT_SPEC: CommandSpec = {
@@ -23,8 +32,9 @@ export const AGENT_SPEC: CommandSpec = {
     { name: 'node-name', type: 'string', env: 'NODE_NAME', help: 'this node (required; the DaemonSet sets it from spec.nodeName)' },
     { name: 'namespace', type: 'string', default: DEFAULT_NAMESPACE, help: "namespace of the agent's Lease" },
     { name: 'default-class', type: 'boolean', default: false, help: 'also serve LoadBalancer Services without a loadBalancerClass (pier is the cluster default)' },
-    { name: 'dry-run', type: 'boolean', default: false, help: 'print the iptables-restore input of each sync instead of applying it; never touches the kernel' },
+    { name: 'dry-run', type: 'boolean', default: false, help: 'print the iptables-restore (or nft) input of each sync instead of applying it; never touches the kernel' },
     { name: 'set-sysctls', type: 'boolean', default: false, help: 'turn on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding when off (needs a writable /proc/sys)' },
+    RULE_BACKEND_OPTION,
     BACKEND_OPTION,
     { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, help: 'packet-mark bit that asks for masquerading (13 is 0x2000; kube-proxy uses 14 and 15)' },
     { name: 'max-ports-per-service', type: 'int', default: 256, min: 1, max: 65535, help: 'Services with more ports are skipped with a Warning Event' },
@@ -62,7 +72,8 @@ export async function runAgent(argv: string[]): Promise<number> {
     defaultClass: v['default-class'] as boolean,
     dryRun: v['dry-run'] as boolean,
     setSysctls: v['set-sysctls'] as boolean,
-    backend: v['iptables-backend'] as AgentConfig['backend'],
+    backend: v['backend'] as AgentConfig['backend'],
+    iptablesBackend: v['iptables-backend'] as AgentConfig['iptablesBackend'],
     markBit: v['masquerade-bit'] as number,
     maxPortsPerService: v['max-ports-per-service'] as number,
     minSyncIntervalMs: v['min-sync-interval'] as number,

@@ -2,8 +2,9 @@
 // disk, with no cluster: the same model and renderer the agent uses, printed
 // as a complete `iptables-restore --noflush` input (jumps inserted at the top
 // of their chains, as the agent puts them) that yields exactly the agent's
-// ruleset on that host, or as single commands, followed by the conntrack
-// clean-up the agent makes after applying them.
+// ruleset on that host, or as single commands, or with `--backend nftables`
+// as the `nft -f` script that replaces pier's table; followed by the
+// conntrack clean-up the agent makes after applying them.
 //
 // Services without a status first get the one the controller would write:
 // its own allocate(), with its own flags (the controller's option specs), on
@@ -21,6 +22,7 @@ import { nodeAddresses } from './agent.ts';
 import { readManifestFiles, type Manifests } from './manifests.ts';
 import { buildModel } from './model.ts';
 import { renderRuleset } from './render.ts';
+import { nftScript, renderNft } from './nft.ts';
 import { commandsText, planText } from './restore.ts';
 import { describeCheck, flowFrontends, frontendsToCheck } from './conntrack.ts';
 
@@ -43,12 +45,13 @@ export const PLAN_SPEC: CommandSpec = {
     '(addresses, ports) and every Service it leaves out, with the reason. A file that cannot be read or parsed',
     'is skipped and named; the plan is still printed from the others, and the exit code is 1.',
   ].join('\n'),
-  usage: 'pier plan --node NAME [--family ipv4|ipv6] [--format restore|commands] -f FILE_OR_DIR [-f ...]',
+  usage: 'pier plan --node NAME [--family ipv4|ipv6] [--backend iptables|nftables] [--format restore|commands] -f FILE_OR_DIR [-f ...]',
   allowPositionals: false,
   options: [
     { name: 'node', type: 'string', env: null, help: 'the Node (from the manifests) to plan for' },
     { name: 'family', type: 'enum', values: ['ipv4', 'ipv6'], default: 'ipv4', env: null, help: 'address family' },
-    { name: 'format', type: 'enum', values: ['restore', 'commands'], default: 'restore', env: null, help: 'iptables-restore input, or one iptables command per line' },
+    { name: 'backend', type: 'enum', values: ['iptables', 'nftables'], default: 'iptables', env: null, help: "iptables rules, or pier's nftables table (an nft -f script)" },
+    { name: 'format', type: 'enum', values: ['restore', 'commands'], default: 'restore', env: null, help: 'iptables-restore input, or one iptables command per line (iptables backend)' },
     { name: 'filename', type: 'list', env: null, help: 'manifest file or directory (.yaml, .yml, .json; repeatable; -f works too)' },
     { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, env: null, help: 'packet-mark bit that asks for masquerading' },
     ...ALLOCATOR_OPTIONS,
@@ -185,8 +188,12 @@ export async function runPlan(argv: string[]): Promise<number> {
     process.stderr.write(`pier plan: warning: ${p.service}${p.port ? ` port ${p.port}` : ''}: ${p.reason}: ${p.message}\n`);
   }
   const family = v['family'] as Family;
-  const ruleset = renderRuleset(model[family], { markBit: 1 << (v['masquerade-bit'] as number) });
-  process.stdout.write(v['format'] === 'commands' ? commandsText(ruleset, family) : planText(ruleset));
+  const markBit = 1 << (v['masquerade-bit'] as number);
+  if (v['backend'] === 'nftables') process.stdout.write(nftScript(renderNft(model[family], markBit)));
+  else {
+    const ruleset = renderRuleset(model[family], { markBit });
+    process.stdout.write(v['format'] === 'commands' ? commandsText(ruleset, family) : planText(ruleset));
+  }
   // What the agent deletes once these rules are in place, as comments both formats allow.
   process.stdout.write(frontendsToCheck(undefined, flowFrontends(model[family])).map(describeCheck).join(''));
   if (errors.length > 0) {

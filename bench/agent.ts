@@ -39,6 +39,8 @@ import { Applier, eachFamily, findDrift, planJumps, type ApplyResult } from '../
 import { HeadStart } from '../agent/headstart.ts';
 import { Xtables, commandRunner, type Backend } from '../agent/iptables.ts';
 import { buildModel } from '../agent/model.ts';
+import { NftApplier, type NftApplyResult } from '../agent/nft-applier.ts';
+import { NftRenderer } from '../agent/nft.ts';
 import { SyncPipeline } from '../agent/pipeline.ts';
 import { renderRuleset, type Ruleset } from '../agent/render.ts';
 import { parseSave, restoreText, splitRule } from '../agent/restore.ts';
@@ -60,6 +62,9 @@ const dualPorts = Number(process.env['PIER_BENCH_DUAL_PORTS'] ?? String(Math.max
 const dualRepeat = Number(process.env['PIER_BENCH_DUAL_REPEAT'] ?? '5');
 
 // Targets from the agent's scale issue.
+/** nftables backend (issue 18): its cold sync against the iptables backend's raw restore of the same Services. */
+const NFT_COLD_RATIO = 0.5;
+const NFT_CHANGE_MS = 10;
 const COLD_RATIO = 1.2;
 const CHANGE_MS = 150;
 const CHANGE_RATIO = 3;
@@ -412,8 +417,65 @@ if (dualPorts > 0) {
   });
 }
 
+// The nftables backend on the same objects: Agent.sync's steps with
+// NftRenderer and NftApplier, the lists' last pages on the clock as above.
+const nft = new Map<number, { cold: number; change: number; noop: number; verify: number }>();
+for (const n of sizes) {
+  const objs = objects(n);
+  const colds: number[] = [];
+  let steady: { change: number; noop: number; verify: number } | undefined;
+  const renderers = new WeakMap<SyncPipeline, NftRenderer>();
+  const nftSync = async (p: SyncPipeline, applier: NftApplier, verify = false): Promise<NftApplyResult> => {
+    const model = p.model({ nodeAddresses: [NODE_IP], services: [...objs.services], slices: [...objs.slices] });
+    let r = renderers.get(p);
+    if (!r) renderers.set(p, (r = new NftRenderer('ipv4', MARK_BIT)));
+    return applier.apply(r.update(model.ipv4), { verify });
+  };
+  for (let k = 0; k < coldRepeat; k++) {
+    await withScratch(async (s) => {
+      const p = pipeline();
+      const applier = new NftApplier('ipv4', commandRunner(['ip', 'netns', 'exec', s.ns]));
+      const listed = listAhead(p, objs, [NODE_IP], []);
+      const t0 = performance.now();
+      listed();
+      const res = await nftSync(p, applier);
+      colds.push(ms(t0));
+      if (res.mode !== 'full') throw new Error(`expected a full nft sync, got ${res.mode}`);
+      if (k !== coldRepeat - 1) return;
+      const noops: number[] = [];
+      const changes: number[] = [];
+      const verifies: number[] = [];
+      for (let r = 0; r < repeat; r++) {
+        let t = performance.now();
+        if ((await nftSync(p, applier)).mode !== 'noop') throw new Error('expected a no-op nft sync');
+        noops.push(ms(t));
+        objs.slices[0] = decoded(slice(0, 100 + r));
+        t = performance.now();
+        const c = await nftSync(p, applier);
+        changes.push(ms(t));
+        if (c.mode !== 'partial') throw new Error(`expected a partial nft sync, got ${c.mode}`);
+        t = performance.now();
+        if ((await nftSync(p, applier, true)).mode !== 'noop') throw new Error('expected a no-op verifying nft sync');
+        verifies.push(ms(t));
+      }
+      steady = { change: median(changes), noop: median(noops), verify: median(verifies) };
+    });
+  }
+  const nftCold = median(colds);
+  nft.set(n, { cold: nftCold, ...steady! });
+  const raw = cold.get(n)!.raw;
+  row(`nftables, ${n} ports: cold sync`, `${fmt(nftCold)} (${(nftCold / raw).toFixed(2)}x the iptables backend's raw restore, ${fmt(raw)})`);
+  row(`nftables, ${n} ports: no-op sync; one Service changed`, `${fmt(steady!.noop)}; ${fmt(steady!.change)}`);
+  row(`nftables, ${n} ports: verifying sync, nothing drifted`, fmt(steady!.verify));
+}
+
 const big = Math.max(...sizes);
 const small = Math.min(...sizes);
+{
+  const nb = nft.get(big)!;
+  results.push({ target: `nftables: cold sync at ${big} <= ${NFT_COLD_RATIO}x iptables raw restore`, value: `${(nb.cold / cold.get(big)!.raw).toFixed(2)}x`, ok: nb.cold / cold.get(big)!.raw <= NFT_COLD_RATIO });
+  results.push({ target: `nftables: one change at ${big} <= ${NFT_CHANGE_MS} ms`, value: fmt(nb.change), ok: nb.change <= NFT_CHANGE_MS });
+}
 {
   const c = cold.get(big)!;
   results.push({ target: `cold sync at ${big} <= ${COLD_RATIO}x raw restore`, value: `${(c.agent / c.raw).toFixed(2)}x`, ok: c.agent / c.raw <= COLD_RATIO });

@@ -58,6 +58,9 @@ export const LEASE_FORWARDING_IPV6 = 'pier.dev/forwarding-ipv6';
 /** Why a family cannot forward, for people reading the Lease. */
 export const LEASE_FORWARDING_IPV4_REASON = 'pier.dev/forwarding-ipv4-reason';
 export const LEASE_FORWARDING_IPV6_REASON = 'pier.dev/forwarding-ipv6-reason';
+/** `iptables` or `nftables`: which rules the agent writes. */
+export const LEASE_BACKEND = 'pier.dev/backend';
+/** `nft` or `legacy` with the iptables backend; empty with nftables. */
 export const LEASE_IPTABLES_BACKEND = 'pier.dev/iptables-backend';
 export const LEASE_VERSION = 'pier.dev/version';
 

@@ -5,12 +5,11 @@
 // with its own without parsing rules.
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildModel } from '../../agent/model.ts';
 import type { Family } from '../../lib/contract.ts';
 import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
 import { parseSave, planText, restoreText, type SavedTables } from '../../agent/restore.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
-import { MARK, corrupt, corruptionArb, toInput, worldArb, type World } from '../unit/agent-fixtures.ts';
+import { MARK, modelArb } from '../unit/agent-fixtures.ts';
 
 const BACKENDS = [
   { name: 'nft', bin: { ipv4: 'iptables-nft', ipv6: 'ip6tables-nft' } },
@@ -36,16 +35,7 @@ function expectedView(r: Ruleset) {
   return view(saved);
 }
 
-/** Worlds, sometimes with one broken Service, sometimes with names only a sanitiser can print. */
-const inputArb = fc
-  .tuple(worldArb, fc.option(corruptionArb, { freq: 2 }), fc.option(fc.array(fc.string({ unit: 'binary', minLength: 1, maxLength: 300 }), { minLength: 6, maxLength: 6 }), { freq: 3 }))
-  .map(([world, corruption, names]) => {
-    const w: World = names ? { services: world.services.map((s, i) => ({ ...s, name: `${names[i]}-${i}` })) } : world;
-    const input = toInput(w);
-    if (corruption) corrupt(w, input, corruption);
-    const m = buildModel(input);
-    return { ipv4: renderRuleset(m.ipv4, { markBit: MARK }), ipv6: renderRuleset(m.ipv6, { markBit: MARK }) };
-  });
+const inputArb = modelArb.map((m) => ({ ipv4: renderRuleset(m.ipv4, { markBit: MARK }), ipv6: renderRuleset(m.ipv6, { markBit: MARK }) }));
 
 for (const backend of BACKENDS) {
   describe(`rulesets through iptables (${backend.name})`, () => {

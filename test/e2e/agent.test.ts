@@ -2,7 +2,8 @@
 // process inside each node namespace, and real TCP and UDP from clients.
 // The tests write Service status themselves, exactly as docs/architecture.md section 1
 // specifies, so that each case controls precisely what the agent sees
-// (controller-agents.test.ts runs the two together).
+// (controller-agents.test.ts runs the two together). Every case runs once per
+// rule backend (--backend iptables, then nftables), each in a lab of its own.
 import { chmodSync, copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,12 +15,13 @@ import {
   EventsV1Api,
   PatchStrategy,
   setHeaderOptions,
+  type EventsV1Event,
   type V1Service,
 } from '@kubernetes/client-node';
 import type { ResultPromise } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
-import { agentLeaseName, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV4_REASON, LEASE_IPTABLES_BACKEND } from '../../lib/contract.ts';
+import { agentLeaseName, LEASE_BACKEND, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV4_REASON, LEASE_IPTABLES_BACKEND } from '../../lib/contract.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { HOST_V4, Lab, type Endpoint, type LabNode, type ProbeResult } from '../lab/lab.ts';
 import { createLabService, registerLabNodes, type LabServicePort } from '../lab/pier.ts';
@@ -30,8 +32,38 @@ const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
 const NS = 'shop';
 const RESYNC = '2s';
 const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
+/** What the ForwardPolicyDrop Event asks for on a host whose FORWARD policy drops, in both families. */
+const DNAT_ACCEPT = ['-I', 'FORWARD', '1', '-m', 'conntrack', '--ctstate', 'DNAT', '-j', 'ACCEPT'];
 
-describe('pier agent in the lab', () => {
+/**
+ * `nft list table` as comparable text: the kernel lists a hash set's
+ * elements in hash order and chains in the order they were added (a full
+ * write and a history of small changes differ there), so elements and
+ * chains are sorted; handles and counters are dropped.
+ */
+function normaliseNft(text: string): string {
+  const flat = text
+    .replace(/,\n\s*/g, ', ')
+    .replace(/ # handle \d+/g, '')
+    .replace(/counter packets \d+ bytes \d+/g, 'counter')
+    .replace(/\{ ([^{}\n]*) \}/g, (_, items: string) => `{ ${items.split(', ').sort().join(', ')} }`);
+  const head: string[] = [];
+  const blocks: string[][] = [];
+  let block: string[] | undefined;
+  for (const l of flat.split('\n')) {
+    if (/^\t(chain|set|map) /.test(l)) blocks.push((block = []));
+    if (block) block.push(l);
+    else if (l.trim() !== '') head.push(l);
+    if (l === '\t}') block = undefined;
+  }
+  return [...head.filter((l) => l !== '}'), ...blocks.map((b) => b.join('\n')).sort(), '}'].join('\n');
+}
+
+/** A frontend as nft prints it in a set or map element: `address . proto . port`. */
+const nftFrontend = (ip: string, proto: 'tcp' | 'udp', port: number) => new RegExp(`${ip.replace(/\./g, '\\.')} \\. ${proto} \\. ${port}\\b`);
+
+describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s backend', (backend) => {
+  const nft = backend === 'nftables';
   let lab: Lab;
   let cp: ControlPlane;
   let core: CoreV1Api;
@@ -50,6 +82,7 @@ describe('pier agent in the lab', () => {
       '--lease-renew-interval', '500ms',
       '--lease-duration', '5s',
       '--log-level', 'info',
+      '--backend', backend,
     ]);
     agentLogs.set(n.name, '');
     proc.stderr?.on('data', (d: Buffer) => agentLogs.set(n.name, (agentLogs.get(n.name) ?? '') + d.toString()));
@@ -63,6 +96,15 @@ describe('pier agent in the lab', () => {
   const nodeIps = (family: 'v4' | 'v6') => lab.nodes.map((n) => n[family]);
   const save = async (n: LabNode, family: 'v4' | 'v6' = 'v4') =>
     (await lab.exec(n.ns, family === 'v4' ? 'iptables-save' : 'ip6tables-save', [])).stdout;
+  /** pier's rules on a node as text: iptables-save, or pier's nftables table (which names each Service port in a comment). */
+  const rules = async (n: LabNode, family: 'v4' | 'v6' = 'v4') =>
+    nft ? (await lab.exec(n.ns, 'nft', ['list', 'table', family === 'v4' ? 'ip' : 'ip6', 'pier'])).stdout : save(n, family);
+  /** pier's nftables tables of both families in `ns`, normalised. */
+  const nftTables = async (ns: string, where: Lab = lab) => {
+    const out: string[] = [];
+    for (const family of ['ip', 'ip6']) out.push(normaliseNft((await where.exec(ns, 'nft', ['list', 'table', family, 'pier'])).stdout));
+    return out.join('\n');
+  };
 
   /** Creates a Service with its slices and writes the status a controller would. */
   const createService = (name: string, ports: LabServicePort[], pods: { v4: string; v6: string; node: string }[], extra: Partial<NonNullable<V1Service['spec']>> = {}, statusFor: LabNode[] = lab.nodes) =>
@@ -106,8 +148,24 @@ describe('pier agent in the lab', () => {
     hostRulesBefore = await ruleLines(n1);
     for (const n of lab.nodes) startAgent(n);
     await Promise.all(lab.nodes.map(ready));
+    if (nft) {
+      // An accept in pier's table cannot override n1's FORWARD drop: its
+      // agent says so, and the host's admin adds the accept the Event names
+      // (a rule of the host's own, which pier cleanup leaves alone).
+      const events = cp.admin.makeApiClient(EventsV1Api);
+      forwardDrop = await eventually('ForwardPolicyDrop event on n1', async () =>
+        (await events.listNamespacedEvent({ namespace: 'default' })).items.find((e) => e.reason === 'ForwardPolicyDrop' && e.regarding?.name === n1.name),
+      ).catch((err: unknown) => err as Error);
+      for (const tool of ['iptables', 'ip6tables']) await lab.exec(n1.ns, tool, DNAT_ACCEPT);
+      for (const tool of ['iptables-save', 'ip6tables-save']) {
+        const at = hostRulesBefore.findIndex((l) => l.startsWith(`${tool} filter -A FORWARD `));
+        hostRulesBefore.splice(at, 0, `${tool} filter -A FORWARD -m conntrack --ctstate DNAT -j ACCEPT`);
+      }
+    }
   });
   let hostRulesBefore: string[] = [];
+  /** nftables backend: n1's agent's Event about the FORWARD policy DROP, or why it did not come. */
+  let forwardDrop: EventsV1Event | Error | undefined;
   /** Every chain declaration and rule of both families and tables, without counters. */
   const ruleLines = async (n: LabNode, where: Lab = lab) => {
     const lines: string[] = [];
@@ -129,6 +187,23 @@ describe('pier agent in the lab', () => {
     await lab?.destroy();
     await cp?.stop();
   });
+
+  if (nft) {
+    it('reports the strict host\'s FORWARD policy DROP, which its table cannot override, in a Node Event and its log', async () => {
+      const [n1, n2] = lab.nodes as [LabNode, LabNode];
+      if (forwardDrop instanceof Error) throw forwardDrop;
+      expect(forwardDrop?.type).toBe('Warning');
+      expect(forwardDrop?.note).toContain('ip filter FORWARD');
+      expect(forwardDrop?.note).toContain('ip6 filter FORWARD');
+      expect(forwardDrop?.note).toContain('--ctstate DNAT -j ACCEPT');
+      const said = (n: LabNode) => (agentLogs.get(n.name) ?? '').includes("pier's nftables table cannot accept across tables");
+      expect(said(n1)).toBe(true);
+      // n2's FORWARD accepts: nothing to report.
+      expect(said(n2)).toBe(false);
+      // The remedy (beforeAll) is the host's: pier wrote no iptables rule.
+      expect(await ruleLines(n1)).toEqual(hostRulesBefore);
+    });
+  }
 
   it('serves IPv4 and IPv6, TCP and UDP, on every node address, spread over the pods (Cluster policy)', async () => {
     await createService('web', [{ name: 'http', port: 80 }, { name: 'dns', port: 53, protocol: 'UDP' }], lab.pods);
@@ -214,7 +289,11 @@ describe('pier agent in the lab', () => {
   it('no endpoints: the connection is refused in under a second', async () => {
     await createService('empty', [{ name: 'http', port: 84 }], []);
     const ip = lab.nodes[0]!.v4;
-    await eventually('REJECT rule for the empty service', async () => (await save(lab.nodes[0]!)).includes('shop/empty:http'));
+    await eventually('REJECT rule for the empty service', async () =>
+      nft
+        ? nftFrontend(ip, 'tcp', 84).test((await lab.exec(lab.nodes[0]!.ns, 'nft', ['list', 'set', 'ip', 'pier', 'no-endpoints'])).stdout)
+        : (await save(lab.nodes[0]!)).includes('shop/empty:http'),
+    );
     const [r] = await lab.probe(client(0), ip, 84, { timeoutMs: 3000 });
     expect(r).toMatchObject({ ok: false, error: 'ECONNREFUSED' });
     expect(r!.ms).toBeLessThan(1000);
@@ -243,7 +322,7 @@ describe('pier agent in the lab', () => {
     const n = lab.nodes[0]!;
     const [r86] = await lab.probe(client(0), n.v4, 86, { timeoutMs: 1000 });
     expect(r86!.ok).toBe(false);
-    expect((await save(n)).includes('shop/huge')).toBe(false);
+    expect((await rules(n)).includes('shop/huge')).toBe(false);
     const [r80] = await lab.probe(client(0), n.v4, 80);
     expect(r80!.ok).toBe(true);
     const metrics = await (await fetch(`http://${n.v4}:10265/metrics`)).text();
@@ -251,7 +330,7 @@ describe('pier agent in the lab', () => {
     expect(metrics).toMatch(/pier_agent_service_problems\{reason="TooManyPorts"\} 1/);
     expect(metrics).toMatch(/pier_agent_sync_duration_seconds_count\{family="ipv4",mode="partial"\} [1-9]/);
     expect(metrics).toMatch(/pier_agent_forwarding\{family="ipv6"\} 1/);
-    expect(metrics).toMatch(/pier_agent_rules\{family="ipv4",table="nat"\} [1-9]\d*/);
+    expect(metrics).toMatch(new RegExp(`pier_agent_rules\\{family="ipv4",table="${nft ? 'pier' : 'nat'}"\\} [1-9]\\d*`));
     await core.deleteNamespacedService({ name: 'huge', namespace: NS });
     await core.deleteNamespacedService({ name: 'skewed', namespace: NS });
   });
@@ -259,19 +338,27 @@ describe('pier agent in the lab', () => {
   it('a deleted Service loses its rules at the next sync; the others keep theirs', async () => {
     await createService('doomed', [{ name: 'http', port: 85 }], lab.pods);
     await probeUntilOk(client(0), lab.nodes[0]!.v4, 85);
+    expect(await rules(lab.nodes[0]!)).toContain('shop/doomed');
     await core.deleteNamespacedService({ name: 'doomed', namespace: NS });
     for (const n of lab.nodes) {
-      await eventually(`doomed gone from ${n.name}`, async () => !(await save(n)).includes('shop/doomed'), { timeoutMs: 5000 });
-      await eventually(`doomed gone from ${n.name} (v6)`, async () => !(await save(n, 'v6')).includes('shop/doomed'), { timeoutMs: 5000 });
+      await eventually(`doomed gone from ${n.name}`, async () => !(await rules(n)).includes('shop/doomed'), { timeoutMs: 5000 });
+      await eventually(`doomed gone from ${n.name} (v6)`, async () => !(await rules(n, 'v6')).includes('shop/doomed'), { timeoutMs: 5000 });
     }
     const [r] = await lab.probe(client(0), lab.nodes[0]!.v4, 80);
     expect(r!.ok).toBe(true);
   });
 
+  it('applied every change so far as a change: none failed and fell back to a whole rewrite', () => {
+    const fellBack = nft ? "changing pier's nftables table failed" : 'partial restore failed';
+    for (const n of lab.nodes) expect(agentLogs.get(n.name), `agent on ${n.name}`).not.toContain(fellBack);
+  });
+
   it('survives SIGKILL and restart with zero failed connections, and re-applying changes nothing', async () => {
     const n = lab.nodes[0]!;
     const normalise = (text: string) => text.split('\n').filter((l) => !l.startsWith('#')).map((l) => l.replace(/\[\d+:\d+\]/, '[0:0]')).join('\n');
-    const before = normalise(await save(n));
+    const snapshot = async () => (nft ? nftTables(n.ns) : normalise(await save(n)));
+    const before = await snapshot();
+    expect(before).toContain('shop/web:http');
     const loop = lab.probe(client(0), n.v4, 80, { count: 150, intervalMs: 20, timeoutMs: 1000 });
     await new Promise((r) => setTimeout(r, 500));
     agents.get(n.name)!.kill('SIGKILL');
@@ -280,11 +367,30 @@ describe('pier agent in the lab', () => {
     await ready(n);
     const results = await loop;
     expect(results.filter((r) => !r.ok)).toEqual([]);
-    expect(normalise(await save(n))).toBe(before);
+    expect(await snapshot()).toBe(before);
   });
 
   it('heals an outside flush of the nat table within the resync period', async () => {
     const n = lab.nodes[1]!;
+    if (nft) {
+      const drifts = () => (agentLogs.get(n.name) ?? '').split('\n').filter((l) => l.includes("pier's nftables table was changed from outside; replacing it")).length;
+      const changes: [string, string[], string[], (listed: string) => boolean][] = [
+        ['table deleted', ['delete', 'table', 'ip', 'pier'], ['list', 'tables'], (l) => !l.includes('table ip pier')],
+        ['nat-prerouting flushed', ['flush', 'chain', 'ip', 'pier', 'nat-prerouting'], ['list', 'chain', 'ip', 'pier', 'nat-prerouting'], (l) => !l.includes('vmap')],
+        ['a map element deleted', ['delete', 'element', 'ip', 'pier', 'services', `{ ${n.v4} . tcp . 80 }`], ['list', 'map', 'ip', 'pier', 'services'], (l) => !nftFrontend(n.v4, 'tcp', 80).test(l)],
+      ];
+      for (const [what, change, list, gone] of changes) {
+        const logged = drifts();
+        await lab.exec(n.ns, 'nft', change);
+        const start = Date.now();
+        // Read back at once: the agent may heal at any moment after.
+        expect(gone((await lab.exec(n.ns, 'nft', list)).stdout), what).toBe(true);
+        await probeUntilOk(client(0), n.v4, 80);
+        expect(Date.now() - start, what).toBeLessThan(2000 + 3000);
+        await eventually(`the drift logged after ${what}`, () => drifts() > logged, { timeoutMs: 2000 });
+      }
+      return;
+    }
     // Flush and read back in one go: the agent may heal at any moment after.
     const flushed = await lab.exec(n.ns, 'sh', ['-c', 'iptables -t nat -F && iptables-save -t nat']);
     expect(flushed.stdout.split('\n').filter((l) => l.startsWith('-A '))).toEqual([]);
@@ -305,67 +411,98 @@ describe('pier agent in the lab', () => {
       writeFileSync(join(dir, 'slices.yaml'), slices.map((x) => stringify({ apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', ...x })).join('---\n'));
       writeFileSync(join(dir, 'node.json'), JSON.stringify({ apiVersion: 'v1', kind: 'Node', ...nodeObj }));
       writeFileSync(join(dir, 'README.txt'), 'not a manifest: skipped like kubectl apply -f does');
-      const agentRules = (await ruleLines(n)).filter((l) => l.includes('PIER-'));
-      for (const format of ['restore', 'commands'] as const) {
-        const scratch = await Lab.create({ nodes: [], clients: 1 });
-        try {
-          const c = scratch.clients[0]!;
-          for (const family of ['ipv4', 'ipv6'] as const) {
-            const plan = await lab.exec(c.ns, process.execPath, [CLI, 'plan', '--node', n.name, '--family', family, '--format', format, '-f', dir]);
-            if (format === 'restore') {
-              await scratch.exec(c.ns, family === 'ipv4' ? 'iptables-restore' : 'ip6tables-restore', ['--noflush'], { input: plan.stdout });
-            } else {
-              await scratch.exec(c.ns, 'sh', ['-e'], { input: plan.stdout });
+      if (nft) {
+        // One nft -f script per family, on an empty host and on one with
+        // rules of its own (n1's, restored), gives the table the agent holds
+        // and leaves the host's iptables rules as they are.
+        const strict = lab.nodes[0]!;
+        writeFileSync(join(dir, 'node1.json'), JSON.stringify({ apiVersion: 'v1', kind: 'Node', ...(await core.readNode({ name: strict.name })) }));
+        for (const target of [n, strict]) {
+          const scratch = await Lab.create({ nodes: [], clients: 1 });
+          try {
+            const c = scratch.clients[0]!;
+            if (target === strict) {
+              for (const tool of ['iptables', 'ip6tables']) await scratch.exec(c.ns, `${tool}-restore`, [], { input: (await lab.exec(strict.ns, `${tool}-save`, [])).stdout });
             }
-          }
-          const planned = (await (async () => {
-            const lines: string[] = [];
-            for (const tool of ['iptables-save', 'ip6tables-save']) for (const table of ['nat', 'filter']) {
-              const out = (await scratch.exec(c.ns, tool, ['-t', table])).stdout;
-              for (const l of out.split('\n')) if ((l.startsWith('-') || l.startsWith(':')) && l.includes('PIER-')) lines.push(`${tool} ${table} ${l.replace(/ ?\[\d+:\d+\]/, '')}`);
+            for (const family of ['ipv4', 'ipv6'] as const) {
+              const plan = await lab.exec(c.ns, process.execPath, [CLI, 'plan', '--node', target.name, '--family', family, '--backend', 'nftables', '-f', dir]);
+              // execa strips the last newline, and nft refuses a comment that ends the input without one.
+              await scratch.exec(c.ns, 'nft', ['-f', '-'], { input: `${plan.stdout}\n` });
             }
-            return lines;
-          })());
-          expect(planned.length).toBeGreaterThan(20);
-          expect(planned, `plan --format ${format}`).toEqual(agentRules);
-        } finally {
-          await scratch.destroy();
-        }
-      }
-      // On a host with rules of its own, too: n1, the strict host (beforeAll). Its
-      // rules without pier's, restored into a fresh namespace, and the plan on
-      // top must give n1's whole ruleset, pier's jumps ahead of the host's rules
-      // in PREROUTING, INPUT, FORWARD, OUTPUT and POSTROUTING, as its agent has it.
-      const strict = lab.nodes[0]!;
-      writeFileSync(join(dir, 'node1.json'), JSON.stringify({ apiVersion: 'v1', kind: 'Node', ...(await core.readNode({ name: strict.name })) }));
-      const strictRules = await ruleLines(strict);
-      for (const format of ['restore', 'commands'] as const) {
-        const scratch = await Lab.create({ nodes: [], clients: 1 });
-        try {
-          const c = scratch.clients[0]!;
-          for (const [family, tool] of [['ipv4', 'iptables'], ['ipv6', 'ip6tables']] as const) {
-            const hostOnly = (await lab.exec(strict.ns, `${tool}-save`, [])).stdout.split('\n').filter((l) => !l.includes('PIER-')).join('\n');
-            await scratch.exec(c.ns, `${tool}-restore`, [], { input: hostOnly });
-            const plan = await lab.exec(c.ns, process.execPath, [CLI, 'plan', '--node', strict.name, '--family', family, '--format', format, '-f', dir]);
-            if (format === 'restore') await scratch.exec(c.ns, `${tool}-restore`, ['--noflush'], { input: plan.stdout });
-            else await scratch.exec(c.ns, 'sh', ['-e'], { input: plan.stdout });
+            const planned = await nftTables(c.ns, scratch);
+            for (const [proto, port] of [['tcp', 80], ['udp', 53], ['tcp', 81], ['tcp', 83], ['tcp', 84], ['tcp', 88]] as const) {
+              expect(planned, `${proto} ${port} planned for ${target.name}`).toMatch(nftFrontend(target.v4, proto, port));
+            }
+            expect(planned, `plan --backend nftables for ${target.name}`).toBe(await nftTables(target.ns));
+            expect(await ruleLines({ ...target, ns: c.ns }, scratch), `host rules of ${target.name}`).toEqual(await ruleLines(target));
+          } finally {
+            await scratch.destroy();
           }
-          const planned = await ruleLines({ ...strict, ns: c.ns }, scratch);
-          expect(planned.filter((l) => l.includes('PIER-')).length).toBeGreaterThan(20);
-          expect(planned, `plan --format ${format} on a host with rules`).toEqual(strictRules);
-        } finally {
-          await scratch.destroy();
         }
+        rmSync(join(dir, 'node1.json'));
+      } else {
+        const agentRules = (await ruleLines(n)).filter((l) => l.includes('PIER-'));
+        for (const format of ['restore', 'commands'] as const) {
+          const scratch = await Lab.create({ nodes: [], clients: 1 });
+          try {
+            const c = scratch.clients[0]!;
+            for (const family of ['ipv4', 'ipv6'] as const) {
+              const plan = await lab.exec(c.ns, process.execPath, [CLI, 'plan', '--node', n.name, '--family', family, '--format', format, '-f', dir]);
+              if (format === 'restore') {
+                await scratch.exec(c.ns, family === 'ipv4' ? 'iptables-restore' : 'ip6tables-restore', ['--noflush'], { input: plan.stdout });
+              } else {
+                await scratch.exec(c.ns, 'sh', ['-e'], { input: plan.stdout });
+              }
+            }
+            const planned = (await (async () => {
+              const lines: string[] = [];
+              for (const tool of ['iptables-save', 'ip6tables-save']) for (const table of ['nat', 'filter']) {
+                const out = (await scratch.exec(c.ns, tool, ['-t', table])).stdout;
+                for (const l of out.split('\n')) if ((l.startsWith('-') || l.startsWith(':')) && l.includes('PIER-')) lines.push(`${tool} ${table} ${l.replace(/ ?\[\d+:\d+\]/, '')}`);
+              }
+              return lines;
+            })());
+            expect(planned.length).toBeGreaterThan(20);
+            expect(planned, `plan --format ${format}`).toEqual(agentRules);
+          } finally {
+            await scratch.destroy();
+          }
+        }
+        // On a host with rules of its own, too: n1, the strict host (beforeAll). Its
+        // rules without pier's, restored into a fresh namespace, and the plan on
+        // top must give n1's whole ruleset, pier's jumps ahead of the host's rules
+        // in PREROUTING, INPUT, FORWARD, OUTPUT and POSTROUTING, as its agent has it.
+        const strict = lab.nodes[0]!;
+        writeFileSync(join(dir, 'node1.json'), JSON.stringify({ apiVersion: 'v1', kind: 'Node', ...(await core.readNode({ name: strict.name })) }));
+        const strictRules = await ruleLines(strict);
+        for (const format of ['restore', 'commands'] as const) {
+          const scratch = await Lab.create({ nodes: [], clients: 1 });
+          try {
+            const c = scratch.clients[0]!;
+            for (const [family, tool] of [['ipv4', 'iptables'], ['ipv6', 'ip6tables']] as const) {
+              const hostOnly = (await lab.exec(strict.ns, `${tool}-save`, [])).stdout.split('\n').filter((l) => !l.includes('PIER-')).join('\n');
+              await scratch.exec(c.ns, `${tool}-restore`, [], { input: hostOnly });
+              const plan = await lab.exec(c.ns, process.execPath, [CLI, 'plan', '--node', strict.name, '--family', family, '--format', format, '-f', dir]);
+              if (format === 'restore') await scratch.exec(c.ns, `${tool}-restore`, ['--noflush'], { input: plan.stdout });
+              else await scratch.exec(c.ns, 'sh', ['-e'], { input: plan.stdout });
+            }
+            const planned = await ruleLines({ ...strict, ns: c.ns }, scratch);
+            expect(planned.filter((l) => l.includes('PIER-')).length).toBeGreaterThan(20);
+            expect(planned, `plan --format ${format} on a host with rules`).toEqual(strictRules);
+          } finally {
+            await scratch.destroy();
+          }
+        }
+        rmSync(join(dir, 'node1.json'));
       }
-      rmSync(join(dir, 'node1.json'));
 
       writeFileSync(join(dir, 'broken.yaml'), 'apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: x}\nspec:\n  ports:\n  - port: eighty\n');
-      const bad = await lab.exec(lab.clients[1]!.ns, process.execPath, [CLI, 'plan', '--node', n.name, '-f', dir], { reject: false });
+      const bad = await lab.exec(lab.clients[1]!.ns, process.execPath, [CLI, 'plan', '--node', n.name, '--backend', backend, '-f', dir], { reject: false });
       expect(bad.exitCode).not.toBe(0);
       expect(bad.stderr).toContain('broken.yaml');
       expect(bad.stderr).toContain('spec.ports[0].port');
       // The other files are still planned.
-      expect(bad.stdout).toContain('-j DNAT');
+      expect(bad.stdout).toContain(nft ? 'dnat to' : '-j DNAT');
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
@@ -378,21 +515,26 @@ describe('pier agent in the lab', () => {
     const readable = join(dir, 'kubeconfig');
     copyFileSync(kubeconfig, readable);
     chmodSync(readable, 0o644);
-    const saveBefore = (await lab.exec(c.ns, 'iptables-save', [])).stdout.replace(/^#.*$/gm, '');
+    const kernel = async () => (await lab.exec(c.ns, 'iptables-save', [])).stdout.replace(/^#.*$/gm, '') + (await lab.exec(c.ns, 'nft', ['list', 'ruleset'])).stdout;
+    const saveBefore = await kernel();
     // nobody, with every capability dropped: iptables would fail outright here.
     const proc = lab.spawn(c.ns, 'setpriv', [
       '--reuid=65534', '--regid=65534', '--clear-groups', '--inh-caps=-all', '--bounding-set=-all', '--',
       process.execPath, CLI, 'agent', '--dry-run', '--node-name', lab.nodes[1]!.name, '--kubeconfig', readable,
-      '--health-port', '0', '--min-sync-interval', '100ms',
+      '--health-port', '0', '--min-sync-interval', '100ms', '--backend', backend,
     ]);
     let out = '';
     proc.stdout?.on('data', (d: Buffer) => (out += d.toString()));
-    await eventually('dry-run output for both families', () => out.includes('ip6tables-restore') && out.includes('COMMIT') && out.includes('-j DNAT'), { timeoutMs: 20_000 });
+    const complete = nft
+      ? () => out.includes('table ip pier {') && out.includes('table ip6 pier {') && out.includes('dnat to')
+      : () => out.includes('ip6tables-restore') && out.includes('COMMIT') && out.includes('-j DNAT');
+    await eventually('dry-run output for both families', complete, { timeoutMs: 20_000 });
     proc.kill('SIGTERM');
     await proc;
-    expect(out).toContain(`--dport 80 `);
-    expect(out).toMatch(/# pier agent --dry-run: node n2, ipv4, sync 1: complete ruleset/);
-    const saveAfter = (await lab.exec(c.ns, 'iptables-save', [])).stdout.replace(/^#.*$/gm, '');
+    if (nft) expect(out).toMatch(nftFrontend(lab.nodes[1]!.v4, 'tcp', 80));
+    else expect(out).toContain(`--dport 80 `);
+    expect(out).toMatch(nft ? /# pier agent --dry-run: node n2, ipv4, sync 1: complete ruleset for nft -f/ : /# pier agent --dry-run: node n2, ipv4, sync 1: complete ruleset/);
+    const saveAfter = await kernel();
     expect(saveAfter).toBe(saveBefore);
     rmSync(dir, { recursive: true, force: true });
   });
@@ -403,7 +545,9 @@ describe('pier agent in the lab', () => {
     const events = cp.admin.makeApiClient(EventsV1Api);
     const lease = () => coordination.readNamespacedLease({ name: agentLeaseName(n.name), namespace: 'pier-system' });
     expect((await lease()).metadata?.annotations?.[LEASE_FORWARDING_IPV4]).toBe('true');
-    expect((await lease()).metadata?.annotations?.[LEASE_IPTABLES_BACKEND]).toMatch(/^(nft|legacy)$/);
+    expect((await lease()).metadata?.annotations?.[LEASE_BACKEND]).toBe(backend);
+    // Only the iptables backend has a flavour.
+    expect((await lease()).metadata?.annotations?.[LEASE_IPTABLES_BACKEND]).toMatch(nft ? /^$/ : /^(nft|legacy)$/);
     await lab.exec(n.ns, 'sysctl', ['-q', '-w', 'net.ipv4.ip_forward=0']);
     try {
       const l = await eventually('lease to report ipv4 forwarding off', async () => {
@@ -428,9 +572,13 @@ describe('pier agent in the lab', () => {
     const n = lab.nodes[0]!;
     agents.get(n.name)!.kill('SIGTERM');
     await agents.get(n.name);
-    expect((await ruleLines(n)).some((l) => l.includes('PIER-'))).toBe(true); // SIGTERM left the rules
+    const tables = async () => (await lab.exec(n.ns, 'nft', ['list', 'ruleset'])).stdout;
+    // SIGTERM left the rules.
+    if (nft) expect((await tables()).match(/^table ip6? pier \{/gm)).toHaveLength(2);
+    else expect((await ruleLines(n)).some((l) => l.includes('PIER-'))).toBe(true);
     const r = await lab.exec(n.ns, process.execPath, [CLI, 'cleanup']);
-    expect(r.stdout).toMatch(/removed [1-9]\d* chains/);
+    expect(r.stdout).toMatch(nft ? /nftables: removed 2 pier tables/ : /removed [1-9]\d* chains/);
+    expect(await tables()).not.toMatch(/table ip6? pier/);
     expect(await ruleLines(n)).toEqual(hostRulesBefore);
   });
 });

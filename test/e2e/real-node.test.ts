@@ -321,7 +321,62 @@ describe('pier on real nodes, deployed as the README says', () => {
     }
   });
 
-  it.each(['iptables', 'nftables'] as const)('beside kube-proxy in %s mode: ClusterIP and NodePort keep working, and kube-proxy leaves pier\'s addresses alone', async (mode) => {
+  /** pier's rules on every node, by backend: its iptables chains and its nftables tables. */
+  const pierRules = async () => {
+    const out = { iptables: [] as string[], nftables: [] as string[] };
+    for (const node of cluster.nodes) {
+      for (const save of ['iptables-save', 'ip6tables-save']) {
+        const { stdout } = await node.exec(save, []);
+        out.iptables.push(...stdout.split('\n').filter((l) => l.includes('PIER-')).map((l) => `${node.name} ${save}: ${l}`));
+      }
+      const { stdout } = await node.exec('nft', ['list', 'tables']);
+      out.nftables.push(...stdout.split('\n').filter((l) => /^table ip6? pier$/.test(l)).map((l) => `${node.name}: ${l}`));
+    }
+    return out;
+  };
+
+  /** Rolls the agents out with PIER_BACKEND set, under steady clients on every node address; what they saw. */
+  const switchBackend = async (backend: 'iptables' | 'nftables') => {
+    const clients = cluster.lab.nodes.flatMap((n) => [steadyClient(n.v4, 80), steadyClient(n.v6, 80)]);
+    await Promise.all(clients.map((c) => c.started));
+    await cluster.kubectl(['-n', SYSTEM, 'set', 'env', 'daemonset/pier-agent', `PIER_BACKEND=${backend}`]);
+    await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'daemonset/pier-agent', '--timeout=180s']);
+    // The new agents' first syncs, then their removal of the other backend's rules.
+    const other = backend === 'iptables' ? 'nftables' : 'iptables';
+    await eventually(`no pier ${other} rules left`, async () => (await pierRules())[other].length === 0, { timeoutMs: 30_000, intervalMs: 500 });
+    return Promise.all(clients.map((c) => c.stop()));
+  };
+
+  it('switching the agents to --backend nftables under steady clients: served throughout but for a moment, and no pier iptables chain left behind', async () => {
+    expect((await pierRules()).iptables.length).toBeGreaterThan(0);
+    const results = await switchBackend('nftables');
+    const failed = results.map((rs) => rs.filter((r) => !r.ok));
+    // Known gap (issue 18): one run in two saw up to 8 connections refused
+    // (~160 ms) on one address during the switch; printed until understood.
+    console.log(`[real-node] backend switch: failed ${failed.map((f, i) => `${f.length} of ${results[i]!.length}${f[0] ? ` (${f[0].error})` : ''}`).join(', ')}`);
+    if (failed.some((f) => f.length > 0)) {
+      console.log(await cluster.kubectl(['-n', SYSTEM, 'logs', '-l', 'app.kubernetes.io/name=pier-agent', '--tail=40', '--prefix']));
+    }
+    for (const rs of results) {
+      expect(rs.length).toBeGreaterThan(50);
+      // Served again right after: the last half second of each client answered.
+      expect(rs.slice(-25).filter((r) => !r.ok)).toEqual([]);
+    }
+    expect((await pierRules()).nftables).toHaveLength(2 * cluster.nodes.length);
+    const lease = await cluster.kubectl(['-n', SYSTEM, 'get', 'leases', '-l', 'pier.dev/component=agent', '-o', 'jsonpath={.items[*].metadata.annotations.pier\\.dev/backend}']);
+    expect(lease.split(' ').sort()).toEqual(cluster.nodes.map(() => 'nftables'));
+  });
+
+  // pier's nftables backend beside kube-proxy in both modes (the agents were switched above), then its iptables backend.
+  it.each([
+    ['nftables', 'iptables'],
+    ['nftables', 'nftables'],
+    ['iptables', 'iptables'],
+    ['iptables', 'nftables'],
+  ] as const)('pier\'s %s backend beside kube-proxy in %s mode: ClusterIP and NodePort keep working, and kube-proxy leaves pier\'s addresses alone', async (backend, mode) => {
+    if ((await pierRules())[backend].length === 0) {
+      for (const rs of await switchBackend(backend)) expect(rs.filter((r) => !r.ok)).toEqual([]);
+    }
     for (const node of cluster.nodes) if (node.spec.proxyMode !== mode) await node.setProxyMode(mode);
     const s = await svc('echo');
     const clusterIps = s.spec!.clusterIPs!;
@@ -350,7 +405,11 @@ describe('pier on real nodes, deployed as the README says', () => {
         : (await node.exec('nft', ['list', 'ruleset'])).stdout;
       expect(rules).toMatch(mode === 'iptables' ? /KUBE-SERVICES/ : /table ip kube-proxy/);
       // How kube-proxy spells "this address, TCP port 80" in its own rules; the ClusterIPs show the spelling is right.
-      const kubeProxyRules = rules.split('\n').filter((l) => (mode === 'iptables' ? l.startsWith('-A KUBE-') : true)).join('\n');
+      const kubeProxyRules =
+        mode === 'iptables'
+          ? rules.split('\n').filter((l) => l.startsWith('-A KUBE-')).join('\n')
+          : // kube-proxy's own tables only: pier's nftables table names its addresses too.
+            rules.split(/^(?=table )/m).filter((t) => /^table ip6? kube-proxy \{/.test(t)).join('');
       const spelled = (address: string) => (mode === 'iptables' ? `-d ${address}/${address.includes(':') ? 128 : 32} -p tcp` : `${address} . tcp . 80 `);
       for (const ip of clusterIps) expect(kubeProxyRules).toContain(spelled(ip));
       for (const labNode of cluster.lab.nodes) {
@@ -359,16 +418,10 @@ describe('pier on real nodes, deployed as the README says', () => {
     }
   });
 
-  it('uninstalls as the README says: kubectl delete -k, then deploy/cleanup leaves no PIER chain on any node', async () => {
+  it('uninstalls as the README says: kubectl delete -k, then deploy/cleanup leaves no PIER chain and no pier table on any node', async () => {
     const chains = async () => {
-      const out: string[] = [];
-      for (const node of cluster.nodes) {
-        for (const save of ['iptables-save', 'ip6tables-save']) {
-          const { stdout } = await node.exec(save, []);
-          out.push(...stdout.split('\n').filter((l) => l.includes('PIER-')).map((l) => `${node.name} ${save}: ${l}`));
-        }
-      }
-      return out;
+      const r = await pierRules();
+      return [...r.iptables, ...r.nftables];
     };
     expect((await chains()).length).toBeGreaterThan(0);
     await cluster.kubectl(['delete', '-k', DEPLOY + 'overlays/kind', '--timeout=120s']);

@@ -204,6 +204,12 @@ describe('the images, as buildah built them', () => {
     expect(r.stdout).toMatch(/^conntrack v1\.4\.\d+ \(conntrack-tools\)/);
   });
 
+  it('agent: nft, which writes pier\'s table with --backend nftables, runs in the image', async () => {
+    const r = await runContainer(images, 'agent', { command: ['nft', '--version'] });
+    expect(r.exitCode, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^nftables v1\.\d+\.\d+/);
+  });
+
   it.each(['agent', 'controller', 'echo'] as const)('%s: runs Node 24, the version its NODE_VERSION names', async (image) => {
     const r = await runContainer(images, image, { command: ['node', '--version'] });
     expect(r.exitCode, r.stderr).toBe(0);

@@ -4,7 +4,7 @@
 // so properties can ask "where does this packet go?" instead of matching rule text.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import fc from 'fast-check';
-import type { ModelConfig, ModelInput } from '../../agent/model.ts';
+import { buildModel, type Model, type ModelConfig, type ModelInput } from '../../agent/model.ts';
 import { PROTO_NUMBERS, walk as interpWalk, type Packet, type WalkResult } from '../../agent/interp.ts';
 
 export const NODE = 'n1';
@@ -282,3 +282,13 @@ export function destinations(chains: Map<string, string[]>, pkt: Packet): { to: 
 export function dnatText(address: string, port: number): string {
   return address.includes(':') ? `[${address}]:${port}` : `${address}:${port}`;
 }
+
+/** Models of worlds, sometimes with one broken Service, sometimes with names only a sanitiser can print. */
+export const modelArb: fc.Arbitrary<Model> = fc
+  .tuple(worldArb, fc.option(corruptionArb, { freq: 2 }), fc.option(fc.array(fc.string({ unit: 'binary', minLength: 1, maxLength: 300 }), { minLength: 6, maxLength: 6 }), { freq: 3 }))
+  .map(([world, corruption, names]) => {
+    const w: World = names ? { services: world.services.map((s, i) => ({ ...s, name: `${names[i]}-${i}` })) } : world;
+    const input = toInput(w);
+    if (corruption) corrupt(w, input, corruption);
+    return buildModel(input);
+  });

@@ -1,0 +1,136 @@
+// The only module that runs nft: applies nft.ts's tables and transactions
+// through execa (the Runner) with the script on stdin, never a shell.
+import type { Family } from '../lib/contract.ts';
+import { silentLogger, type Logger } from '../lib/log.ts';
+import { IptablesError, type Runner } from './iptables.ts';
+import type { AgentMetrics } from './metrics.ts';
+import { NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
+import type { ApplyMode } from './applier.ts';
+
+export interface NftApplyResult {
+  family: Family;
+  mode: ApplyMode;
+  /** Bytes handed to nft (0 for noop). */
+  payloadBytes: number;
+  reason?: string;
+  /** What a verifying resync found changed from outside; absent when nothing was. */
+  drift?: string[];
+}
+
+/** How many differences a log line names. */
+const DRIFT_LOG_ITEMS = 10;
+
+export class NftApplier {
+  readonly family: Family;
+  private readonly run: Runner;
+  private readonly log: Logger;
+  private readonly metrics: Pick<AgentMetrics, 'drift'> | undefined;
+  /** The renderer's version the kernel holds, as far as this process knows; undefined = unknown. */
+  private applied: number | undefined;
+
+  constructor(family: Family, run: Runner, log: Logger = silentLogger, metrics?: Pick<AgentMetrics, 'drift'>) {
+    this.family = family;
+    this.run = run;
+    this.log = log.child({ family });
+    this.metrics = metrics;
+  }
+
+  /**
+   * Applies an update of one NftRenderer: its transaction when the kernel
+   * holds the version it starts from, else the whole table (nothing known
+   * yet, or the last transaction failed). `verify` (periodic resyncs) then
+   * reads pier's table back and replaces it when it differs from the state.
+   */
+  async apply(u: NftUpdate, opts: { verify?: boolean } = {}): Promise<NftApplyResult> {
+    if (this.applied === undefined) return this.full(u, 'initial sync');
+    if (this.applied !== u.since) return this.full(u, `the kernel holds version ${this.applied}, the change starts from ${u.since}`);
+    let result: NftApplyResult = { family: this.family, mode: 'noop', payloadBytes: 0 };
+    if (u.delta !== '') {
+      try {
+        await this.nft(u.delta);
+        this.applied = u.version;
+        result = { family: this.family, mode: 'partial', payloadBytes: u.delta.length };
+      } catch (err) {
+        this.log.warn({ err: (err as Error).message }, "changing pier's nftables table failed; replacing it whole");
+        return this.full(u, `partial change failed: ${(err as Error).message}`);
+      }
+    }
+    if (!opts.verify) return result;
+    const drift = await this.drift(u.state);
+    if (drift.length === 0) return result;
+    this.metrics?.drift.inc({ family: this.family, table: NFT_TABLE, kind: 'table' });
+    this.log.warn({ found: drift.length, differences: drift.slice(0, DRIFT_LOG_ITEMS) }, "pier's nftables table was changed from outside; replacing it");
+    return { ...(await this.full(u, 'drift')), drift };
+  }
+
+  private async full(u: NftUpdate, reason: string): Promise<NftApplyResult> {
+    this.applied = undefined;
+    const payload = nftScript(u.state);
+    await this.nft(payload);
+    this.applied = u.version;
+    this.log.info({ reason, bytes: payload.length }, "pier's nftables table written whole");
+    return { family: this.family, mode: 'full', payloadBytes: payload.length, reason };
+  }
+
+  /** The differences between pier's table in the kernel and `state`; a missing table is one. */
+  private async drift(state: NftRuleset): Promise<string[]> {
+    const r = await this.run('nft', ['-j', 'list', 'table', NFT_FAMILY[this.family], NFT_TABLE]);
+    if (r.exitCode !== 0) {
+      if (/No such file or directory/.test(r.stderr)) return ['table: missing'];
+      throw new IptablesError(`nft list table failed (exit ${r.exitCode}): ${r.stderr.trim()}`, r.stderr, r.exitCode);
+    }
+    return nftDrift(state, parseNftJson(r.stdout));
+  }
+
+  private async nft(script: string): Promise<void> {
+    const r = await this.run('nft', ['-f', '-'], script);
+    if (r.exitCode !== 0) throw new IptablesError(`nft -f failed (exit ${r.exitCode}): ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
+  }
+}
+
+function firstLines(text: string): string {
+  return text.trim().split('\n').slice(0, 3).join(' | ');
+}
+
+/**
+ * Whether nft runs and the kernel would take pier's table: a transaction
+ * checked, not committed. Cheaper than listing, which reads every element
+ * of every table first.
+ */
+export async function nftUsable(run: Runner): Promise<{ ok: true } | { ok: false; error: string }> {
+  try {
+    const r = await run('nft', ['--check', 'add', 'table', 'ip', NFT_TABLE]);
+    return r.exitCode === 0 ? { ok: true } : { ok: false, error: `nft --check add table: ${firstLines(r.stderr) || `exit ${r.exitCode}`}` };
+  } catch (err) {
+    return { ok: false, error: (err as Error).message };
+  }
+}
+
+/**
+ * Base chains of other tables on the forward hook whose policy drops: an
+ * accept in pier's table cannot override them, so what pier DNATs to
+ * another host passes only if their own rules accept it.
+ */
+export function forwardDrops(listChainsJson: string): string[] {
+  const items = (JSON.parse(listChainsJson) as { nftables: { chain?: { family: string; table: string; name: string; hook?: string; policy?: string } }[] }).nftables;
+  return items
+    .map((i) => i.chain)
+    .filter((c) => c !== undefined && c.hook === 'forward' && c.policy === 'drop' && c.table !== NFT_TABLE)
+    .map((c) => `${c!.family} ${c!.table} ${c!.name}`);
+}
+
+export async function findForwardDrops(run: Runner): Promise<string[]> {
+  const r = await run('nft', ['-j', 'list', 'chains']);
+  return r.exitCode === 0 ? forwardDrops(r.stdout) : [];
+}
+
+/** Deletes pier's tables of both families; how many there were. */
+export async function removeNftTables(run: Runner): Promise<number> {
+  let removed = 0;
+  for (const family of ['ip', 'ip6']) {
+    const r = await run('nft', ['delete', 'table', family, NFT_TABLE]);
+    if (r.exitCode === 0) removed++;
+    else if (!/No such file or directory/.test(r.stderr)) throw new IptablesError(`nft delete table ${family} ${NFT_TABLE} failed: ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
+  }
+  return removed;
+}

@@ -1,0 +1,69 @@
+// Rendered nftables tables against the real nft, in a scratch network
+// namespace: every script is accepted, and what `nft -j list table` shows
+// afterwards is what the renderer meant (nftDrift finds nothing), whether the
+// table was written whole or reached through a delta. That is what lets the
+// agent change a few elements per sync and still judge drift by reading back.
+import fc from 'fast-check';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildModel } from '../../agent/model.ts';
+import { NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, renderNft, type NftRuleset } from '../../agent/nft.ts';
+import type { Family } from '../../lib/contract.ts';
+import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
+import { MARK, modelArb, toInput, worldArb } from '../unit/agent-fixtures.ts';
+
+describe('pier tables through nft', () => {
+  let s: Scratch;
+  beforeAll(async () => {
+    s = await scratchNamespace();
+  });
+  afterAll(async () => {
+    await s?.destroy();
+  });
+
+  const nft = (script: string) => s.exec('nft', ['-f', '-'], { input: script });
+  const drift = async (family: Family, want: NftRuleset) =>
+    nftDrift(want, parseNftJson((await s.exec('nft', ['-j', 'list', 'table', NFT_FAMILY[family], NFT_TABLE])).stdout));
+
+  it('accepts every table, written whole or reached through a delta, and reads back exactly what was meant', async () => {
+    let runs = 0;
+    let deltas = 0;
+    await fc.assert(
+      fc.asyncProperty(modelArb, modelArb, async (a, b) => {
+        runs++;
+        for (const family of ['ipv4', 'ipv6'] as const) {
+          const r = new NftRenderer(family, MARK);
+          const first = r.update(a[family]);
+          await nft(nftScript(first.state));
+          expect(await drift(family, first.state), `${family} whole`).toEqual([]);
+          const { delta, state } = r.update(b[family]);
+          if (delta !== '') {
+            deltas++;
+            await nft(delta);
+          }
+          expect(await drift(family, state), `${family} delta\n${delta}`).toEqual([]);
+          // Written whole over an existing table: the same state again.
+          await nft(nftScript(state));
+          expect(await drift(family, state), `${family} rewrite`).toEqual([]);
+        }
+      }),
+      { numRuns: 25 },
+    );
+    expect(runs).toBe(25);
+    // The property is only worth something if most pairs did change something.
+    expect(deltas).toBeGreaterThan(25);
+  }, 600_000);
+
+  it('sees what another program changed in the table', async () => {
+    const w = fc.sample(worldArb.filter((x) => buildModel(toInput(x)).ipv4.ports.some((p) => p.endpoints.length > 0)), { numRuns: 1, seed: 7 })[0]!;
+    const want = renderNft(buildModel(toInput(w)).ipv4, MARK);
+    await nft(nftScript(want));
+    expect(await drift('ipv4', want)).toEqual([]);
+    await s.exec('nft', ['flush', 'chain', 'ip', NFT_TABLE, 'nat-prerouting']);
+    expect(await drift('ipv4', want)).toContain('chain nat-prerouting: 0 rules, wrote 1');
+    await nft(nftScript(want));
+    await s.exec('nft', ['flush', 'map', 'ip', NFT_TABLE, 'services']);
+    expect((await drift('ipv4', want)).join('\n')).toMatch(/^set services: [1-9]\d* missing, 0 unwanted$/m);
+    await s.exec('nft', ['add', 'chain', 'ip', NFT_TABLE, 'stray']);
+    expect(await drift('ipv4', want)).toContain('chain stray: not pier\'s');
+  });
+});

@@ -1,0 +1,177 @@
+// pier's nftables table as data: for every frontend of generated models, the
+// sets say exactly what the model says (which endpoints, with what chance,
+// masqueraded or not, which sources admitted, rejected when empty), and the
+// deltas between two tables carry exactly the difference. The kernel side of
+// the same (scripts accepted, read back equal) is test/e2e/nft-restore.test.ts.
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { buildModel, parseAddress, parseCidr, type ServicePortPlan } from '../../agent/model.ts';
+import { emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, width, type NftRuleset } from '../../agent/nft.ts';
+import { MARK, toInput, worldArb } from './agent-fixtures.ts';
+
+const PROTO = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' } as const;
+
+function inRange(address: string, range: string): boolean {
+  const a = parseAddress(address)!;
+  const n = parseCidr(range)!;
+  if (n.family !== a.family) return false;
+  const host = BigInt((a.family === 'ipv4' ? 32 : 128) - n.prefix);
+  return a.value >> host === n.value >> host;
+}
+
+/** What the table does with a new connection from `client` to frontend `key`, read from its sets as the chains would. */
+function verdict(r: NftRuleset, key: string, client: string) {
+  const set = (name: string) => r.sets.get(name) ?? new Map<string, string>();
+  if (set('restricted').has(key) && ![...set('allowed').keys()].some((k) => k.startsWith(`${key} . `) && inRange(client, k.slice(key.length + 3)))) return 'dropped';
+  const service = set('services').get(key);
+  if (!service) return set('no-endpoints').has(key) ? 'rejected' : 'untouched';
+  const n = Number(/goto spread-(\d+)$/.exec(service)![1]);
+  expect(r.spreads.has(n)).toBe(true);
+  expect(width(r)).toBeGreaterThanOrEqual(n);
+  const to = Array.from({ length: n }, (_, i) => set(`endpoints-${i}`).get(key)!.slice(3));
+  const masquerade = set('masquerading').has(key) || set('hairpin').has(`${key} . ${client}`);
+  return { to: to.sort(), masquerade };
+}
+
+function expected(p: ServicePortPlan, client: string) {
+  // As the iptables backend: a port without endpoints is refused to everyone.
+  if (p.endpoints.length === 0) return 'rejected';
+  if (p.restrictSources && !p.sourceRanges.some((c) => inRange(client, c))) return 'dropped';
+  const to = p.endpoints.map((e) => `${e.address} . ${e.port}`).sort();
+  return { to, masquerade: p.masquerade || p.endpoints.some((e) => e.address === client) };
+}
+
+describe('renderNft', () => {
+  it('serves every frontend of the model as the model says, for clients inside, outside and among the endpoints', () => {
+    fc.assert(
+      fc.property(worldArb, fc.integer({ min: 0, max: 255 }), (world, h) => {
+        const m = buildModel(toInput(world));
+        for (const family of ['ipv4', 'ipv6'] as const) {
+          const r = renderNft(m[family], MARK);
+          for (const p of m[family].ports) {
+            const clients = [family === 'ipv4' ? `203.0.113.${h}` : `2001:db8:ffff::${h.toString(16)}`, ...p.sourceRanges.map((c) => c.split('/')[0]!), ...p.endpoints.map((e) => e.address)];
+            for (const f of p.frontends) {
+              const key = `${f.address} . ${PROTO[p.protocol]} . ${f.port}`;
+              for (const c of clients) expect(verdict(r, key, c), `${p.key} ${key} from ${c}`).toEqual(expected(p, c));
+            }
+          }
+          // Nothing beyond the model's frontends, and a chain only for endpoint counts in use.
+          const keys = new Set(m[family].ports.flatMap((p) => p.frontends.map((f) => `${f.address} . ${PROTO[p.protocol]} . ${f.port}`)));
+          for (const name of ['services', 'no-endpoints', 'restricted']) for (const k of r.sets.get(name)!.keys()) expect(keys.has(k)).toBe(true);
+          // A map per endpoint index, up to the largest count.
+          expect([...r.sets.keys()].filter((s) => s.startsWith('endpoints-')).sort()).toEqual(Array.from({ length: width(r) }, (_, i) => `endpoints-${i}`).sort());
+          expect([...r.spreads.keys()].sort()).toEqual([...new Set(m[family].ports.filter((p) => p.endpoints.length > 0).map((p) => p.endpoints.length))].sort());
+        }
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('keeps only the outermost of nested ranges: the kernel refuses overlapping interval elements', () => {
+    expect(outermost(['203.0.113.0/24', '203.0.113.16/28', '198.51.100.7/32', '203.0.113.0/24', '2001:db8::/32'], 'ipv4')).toEqual(['198.51.100.7', '203.0.113.0/24']);
+    expect(outermost(['2001:db8:1::/64', '2001:db8::/32', '2001:db8:ffff::5/128', '0.0.0.0/0'], 'ipv6')).toEqual(['2001:db8::/32']);
+    expect(outermost(['::/0', '2001:db8::1/128'], 'ipv6')).toEqual(['::/0']);
+  });
+});
+
+describe('NftRenderer', () => {
+  const copy = (r: NftRuleset): NftRuleset => ({ ...r, sets: new Map([...r.sets].map(([s, items]) => [s, new Map(items)])), spreads: new Map(r.spreads) });
+  /** Applies a delta's commands to a copy of `prev`, as the kernel would, refusing what the kernel would refuse. */
+  function applied(prev: NftRuleset, delta: string): NftRuleset {
+    const out = copy(prev);
+    for (const line of delta.split('\n')) {
+      let m = /^\tmap (endpoints-\d+) \{/.exec(line);
+      if (m) {
+        expect(out.sets.has(m[1]!), line).toBe(false);
+        out.sets.set(m[1]!, new Map());
+      }
+      m = /^delete map ip6? pier (endpoints-\d+)$/.exec(line);
+      if (m) expect(out.sets.delete(m[1]!), line).toBe(true);
+      m = /^(add|delete) element ip6? pier (\S+) \{ (.*) \}$/.exec(line);
+      if (m) {
+        const set = out.sets.get(m[2]!)!;
+        for (const item of m[3]!.split(', ')) {
+          const key = item.replace(/ comment ".*$/, '').replace(/ : .*$/, '');
+          if (m[1] === 'delete') expect(set.delete(key), line).toBe(true);
+          else {
+            expect(set.has(key), line).toBe(false);
+            set.set(key, item.slice(key.length));
+          }
+        }
+      }
+      m = /^\tchain spread-(\d+) \{/.exec(line);
+      if (m) {
+        expect(out.spreads.has(Number(m[1])), line).toBe(false);
+        out.spreads.set(Number(m[1]), 1);
+      }
+      m = /^delete chain ip6? pier spread-(\d+)$/.exec(line);
+      if (m) out.spreads.delete(Number(m[1]));
+    }
+    return out;
+  }
+  const sameSets = (a: NftRuleset, b: NftRuleset) => {
+    expect([...a.sets.keys()].sort()).toEqual([...b.sets.keys()].sort());
+    for (const [s, items] of b.sets) expect([...a.sets.get(s)!].sort(), s).toEqual([...items].sort());
+    expect([...a.spreads.keys()].sort()).toEqual([...b.spreads.keys()].sort());
+  };
+
+  it('carries from one model to the next exactly the difference, ends where a new renderer starts, and says nothing when nothing changed', () => {
+    fc.assert(
+      fc.property(fc.array(worldArb, { minLength: 2, maxLength: 4 }), (worlds) => {
+        for (const family of ['ipv4', 'ipv6'] as const) {
+          const r = new NftRenderer(family, MARK);
+          let kernel = emptyNft(family, MARK);
+          let version = 0;
+          for (const w of worlds) {
+            const model = buildModel(toInput(w))[family];
+            const u = r.update(model);
+            expect(u.since).toBe(version);
+            kernel = applied(kernel, u.delta);
+            sameSets(kernel, renderNft(model, MARK));
+            sameSets(u.state, kernel);
+            version = u.version;
+            // The same model again, and a rebuilt one whose plans are new objects with the same content.
+            expect(r.update(model).delta).toBe('');
+            const again = r.update(buildModel(toInput(w))[family]);
+            expect(again.delta).toBe('');
+            expect(again.version).toBe(version);
+          }
+        }
+      }),
+      { numRuns: 150 },
+    );
+  });
+
+  it('writes a whole table that replaces the old one in the same transaction', () => {
+    const r = renderNft(buildModel(toInput(fc.sample(worldArb, { numRuns: 1, seed: 3 })[0]!)).ipv4, MARK);
+    expect(nftScript(r).split('\n').slice(0, 3)).toEqual(['add table ip pier', 'delete table ip pier', 'table ip pier {']);
+  });
+});
+
+describe('nftDrift', () => {
+  it('finds nothing in a table read back as written, and names what is missing or foreign', () => {
+    const r = emptyNft('ipv4', MARK);
+    r.sets.get('services')!.set('192.0.2.11 . tcp . 80', ' comment "shop/web:http" : goto spread-1');
+    r.sets.set('endpoints-0', new Map([['192.0.2.11 . tcp . 80', ' : 198.18.0.1 . 8080']]));
+    r.sets.get('allowed')!.set('192.0.2.11 . tcp . 80 . 203.0.113.0/24', '');
+    r.spreads.set(1, 1);
+    const chain = (name: string, rules: number) => [{ chain: { name } }, ...Array.from({ length: rules }, () => ({ rule: { chain: name } }))];
+    const json = (services: unknown[]) =>
+      JSON.stringify({
+        nftables: [
+          { table: { name: 'pier' } },
+          { map: { name: 'services', elem: services } },
+          { map: { name: 'endpoints-0', elem: [[{ concat: ['192.0.2.11', 'tcp', 80] }, { concat: ['198.18.0.1', 8080] }]] } },
+          ...['masquerading', 'hairpin', 'no-endpoints', 'restricted'].map((name) => ({ set: { name } })),
+          { set: { name: 'allowed', elem: [{ concat: ['192.0.2.11', 'tcp', 80, { prefix: { addr: '203.0.113.0', len: 24 } }] }] } },
+          ...chain('filter-prerouting', 1), ...chain('filter-input', 1), ...chain('filter-output', 2),
+          ...chain('nat-prerouting', 1), ...chain('nat-output', 1), ...chain('nat-postrouting', 1), ...chain('spread-1', 3), ...chain('pick-0', 1),
+        ],
+      });
+    const service = [{ elem: { val: { concat: ['192.0.2.11', 'tcp', 80] }, comment: 'shop/web:http' } }, { goto: { target: 'spread-1' } }];
+    expect(nftDrift(r, parseNftJson(json([service])))).toEqual([]);
+    expect(nftDrift(r, parseNftJson(json([])))).toEqual(['set services: 1 missing, 0 unwanted']);
+    const other = [[{ concat: ['192.0.2.11', 'tcp', 81] }, { goto: { target: 'spread-1' } }]];
+    expect(nftDrift(r, parseNftJson(json([service, ...other])))).toEqual(['set services: 0 missing, 1 unwanted']);
+  });
+});
