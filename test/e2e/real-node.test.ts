@@ -36,9 +36,15 @@ describe('pier on real nodes, deployed as the README says', () => {
       .map(([name]) => name!);
   };
 
-  /** A client connecting every 20 ms until stopped, each attempt with a 1 s timeout; `started` once its first attempt ended. */
+  /**
+   * A client connecting every 20 ms until stopped; `started` once its first
+   * attempt ended. An attempt may take 3 s: longer than the kernel's 1 s
+   * initial SYN timeout, so a lost SYN is retransmitted and counted
+   * (synRetransmits) instead of cut short, and a probe process the machine's
+   * load holds back for a second is not mistaken for a lost connection.
+   */
   const steadyClient = (host: string, port: number, proto: 'tcp' | 'udp' = 'tcp') => {
-    const args = [PROBE, '--proto', proto, '--host', host, '--port', String(port), '--count', '1000000', '--timeout', '1000', '--interval', '20'];
+    const args = [PROBE, '--proto', proto, '--host', host, '--port', String(port), '--count', '1000000', '--timeout', '3000', '--interval', '20'];
     const proc = cluster.lab.spawn(client().ns, process.execPath, args);
     const results: ProbeResult[] = [];
     let partial = '';
@@ -59,6 +65,9 @@ describe('pier on real nodes, deployed as the README says', () => {
       },
     };
   };
+
+  /** SYNs the client's kernel has retransmitted so far: each one a packet lost on the way to a pod or back. */
+  const synRetransmits = async () => (await cluster.lab.tcpRetransmits(client().ns)).syn;
 
   /** One UDP flow from the client, one fixed source port, a datagram every 50 ms; its replies as they arrive. */
   const udpFlow = (host: string, port: number, sport: number) => {
@@ -223,6 +232,7 @@ describe('pier on real nodes, deployed as the README says', () => {
   it('the API server stopped for longer than the agents\' Lease duration, under a steady client: no probe fails and the status keeps every address', async () => {
     const labNode = cluster.lab.nodes[0]!;
     const statusBefore = ingressIps(await svc('echo'));
+    const synsBefore = await synRetransmits();
     const steady = steadyClient(labNode.v4, 80);
     await steady.started;
     // Longer than the agents' Lease (20 s, deploy/) and the controller's leader
@@ -242,6 +252,7 @@ describe('pier on real nodes, deployed as the README says', () => {
     console.log(`[real-node] API server stopped 25 s: ${failed.length} of ${results.length} probes failed`);
     expect(results.length).toBeGreaterThan(200);
     expect(failed).toEqual([]);
+    expect((await synRetransmits()) - synsBefore).toBe(0);
     expect(ingressIps(await svc('echo'))).toEqual(statusBefore);
   });
 
@@ -305,7 +316,8 @@ describe('pier on real nodes, deployed as the README says', () => {
     expect(failed(pier)).toBeLessThanOrEqual(failed(kubeProxy));
   });
 
-  it('a rolling update of the agent DaemonSet under a steady client fails no connection', async () => {
+  it('a rolling update of the agent DaemonSet under a steady client fails no connection and loses no SYN', async () => {
+    const synsBefore = await synRetransmits();
     const clients = cluster.lab.nodes.flatMap((n) => [steadyClient(n.v4, 80), steadyClient(n.v6, 80)]);
     await Promise.all(clients.map((c) => c.started));
     const before = await cluster.kubectl(['get', 'pods', '-n', SYSTEM, '-l', 'app.kubernetes.io/name=pier-agent', '-o', 'jsonpath={.items[*].metadata.uid}']);
@@ -319,6 +331,7 @@ describe('pier on real nodes, deployed as the README says', () => {
       expect(rs.length).toBeGreaterThan(50);
       expect(rs.filter((r) => !r.ok)).toEqual([]);
     }
+    expect((await synRetransmits()) - synsBefore).toBe(0);
   });
 
   /** pier's rules on every node, by backend: its iptables chains and its nftables tables. */
@@ -347,21 +360,18 @@ describe('pier on real nodes, deployed as the README says', () => {
     return Promise.all(clients.map((c) => c.stop()));
   };
 
-  it('switching the agents to --backend nftables under steady clients: served throughout but for a moment, and no pier iptables chain left behind', async () => {
+  it('switching the agents to --backend nftables under steady clients: no connection fails, no SYN is lost, and no pier iptables chain is left behind', async () => {
     expect((await pierRules()).iptables.length).toBeGreaterThan(0);
+    const synsBefore = await synRetransmits();
     const results = await switchBackend('nftables');
     const failed = results.map((rs) => rs.filter((r) => !r.ok));
-    // Known gap (issue 18): one run in two saw up to 8 connections refused
-    // (~160 ms) on one address during the switch; printed until understood.
     console.log(`[real-node] backend switch: failed ${failed.map((f, i) => `${f.length} of ${results[i]!.length}${f[0] ? ` (${f[0].error})` : ''}`).join(', ')}`);
     if (failed.some((f) => f.length > 0)) {
       console.log(await cluster.kubectl(['-n', SYSTEM, 'logs', '-l', 'app.kubernetes.io/name=pier-agent', '--tail=40', '--prefix']));
     }
-    for (const rs of results) {
-      expect(rs.length).toBeGreaterThan(50);
-      // Served again right after: the last half second of each client answered.
-      expect(rs.slice(-25).filter((r) => !r.ok)).toEqual([]);
-    }
+    for (const rs of results) expect(rs.length).toBeGreaterThan(50);
+    expect(failed.flat()).toEqual([]);
+    expect((await synRetransmits()) - synsBefore).toBe(0);
     expect((await pierRules()).nftables).toHaveLength(2 * cluster.nodes.length);
     const lease = await cluster.kubectl(['-n', SYSTEM, 'get', 'leases', '-l', 'pier.dev/component=agent', '-o', 'jsonpath={.items[*].metadata.annotations.pier\\.dev/backend}']);
     expect(lease.split(' ').sort()).toEqual(cluster.nodes.map(() => 'nftables'));

@@ -257,6 +257,21 @@ export class Lab {
     return proc;
   }
 
+  /**
+   * The TCP retransmissions `ns`'s kernel has counted (/proc/net is per
+   * namespace). A lost SYN or SYN-ACK shows in `syn` even when the connection
+   * then succeeded, and whatever the client process's scheduling did.
+   */
+  async tcpRetransmits(ns: string): Promise<{ syn: number; segments: number }> {
+    const read = async (file: string, prefix: string, field: string) => {
+      const [names, values] = (await this.exec(ns, 'cat', [file])).stdout.split('\n').filter((l) => l.startsWith(`${prefix}:`));
+      const i = names!.split(' ').indexOf(field);
+      if (i < 0) throw new Error(`${file} in ${ns} has no ${prefix} ${field}`);
+      return Number(values!.split(' ')[i]);
+    };
+    return { syn: await read('/proc/net/netstat', 'TcpExt', 'TCPSynRetrans'), segments: await read('/proc/net/snmp', 'Tcp', 'RetransSegs') };
+  }
+
   /** Connects from `from` to host:port with probe.ts and returns one result per attempt. */
   async probe(from: Endpoint, host: string, port: number, opts: ProbeOptions = {}): Promise<ProbeResult[]> {
     const args = [
