@@ -13,17 +13,18 @@ import { LeaseRenewer } from '../lib/lease.ts';
 import type { Logger } from '../lib/log.ts';
 import { slimEndpointSlice, slimNode, slimService } from '../lib/slim.ts';
 import { VERSION } from '../lib/version.ts';
-import { Applier, eachFamily, removeAll, type ApplyMode } from './applier.ts';
+import { Applier, eachFamily, type ApplyMode } from './applier.ts';
 import { detectBackend } from './backend.ts';
 import { HeadStart } from './headstart.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
-import { NftApplier, findForwardDrops, nftUsable, removeNftTables } from './nft-applier.ts';
+import { NftApplier, findForwardDrops, nftUsable } from './nft-applier.ts';
 import { NftRenderer, nftCounts, nftScript, NFT_TABLE, type NftUpdate } from './nft.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
 import { problemKey, type Model, type Problem } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
 import { TABLES, type Ruleset } from './render.ts';
 import { planText, restoreText } from './restore.ts';
+import { removePierRules } from './removal.ts';
 import { checkForwarding } from './sysctl.ts';
 import { Conntrack, describeCheck, flowFrontends, frontendsToCheck, type FlowFrontends } from './conntrack.ts';
 
@@ -266,26 +267,10 @@ export class Agent {
    */
   private async removeLeftovers(): Promise<void> {
     this.leftoversRemoved = true;
-    const runner = this.deps.runner ?? commandRunner();
-    const removed: string[] = [];
-    const attempt = async (what: string, remove: () => Promise<number>) => {
-      try {
-        const n = await remove();
-        if (n > 0) removed.push(`${what}: ${n}`);
-      } catch (err) {
-        this.log.debug({ err: (err as Error).message }, `looking for pier's ${what} failed`);
-      }
-    };
-    if (this.ruleBackend === 'nftables') {
-      for (const flavour of ['nft', 'legacy'] as const) {
-        for (const family of contract.FAMILIES) {
-          await attempt(`iptables-${flavour} ${family} chains and jumps`, async () => {
-            const r = await removeAll(new Xtables(family, flavour, runner));
-            return r.chains + r.jumps;
-          });
-        }
-      }
-    } else await attempt('nftables tables', () => removeNftTables(runner));
+    const nftables = this.ruleBackend === 'iptables';
+    const results = await removePierRules(this.deps.runner ?? commandRunner(), { iptables: nftables ? [] : ['nft', 'legacy'], nftables });
+    for (const r of results) if (r.error !== undefined) this.log.debug({ err: r.error }, `looking for pier's ${r.part} rules failed`);
+    const removed = results.filter((r) => r.removed > 0).map((r) => `${r.part}: ${r.summary}`);
     if (removed.length > 0) this.log.info({ removed }, `removed pier's rules of the other backend (now ${this.ruleBackend})`);
   }
 

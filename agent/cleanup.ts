@@ -2,12 +2,10 @@
 // pier's nftables tables, in both families, and nothing else. For uninstalling: stop the agent first, or it
 // puts the rules back at its next sync.
 import { parseCommand, type CommandSpec } from '../lib/command.ts';
-import { FAMILIES } from '../lib/contract.ts';
-import { removeAll } from './applier.ts';
 import { detectBackend } from './backend.ts';
-import { Xtables, commandRunner, type Backend } from './iptables.ts';
+import { commandRunner, type Backend } from './iptables.ts';
 import { BACKEND_OPTION } from './main.ts';
-import { removeNftTables } from './nft-applier.ts';
+import { removePierRules } from './removal.ts';
 
 export const CLEANUP_SPEC: CommandSpec = {
   name: 'cleanup',
@@ -28,28 +26,13 @@ export async function runCleanup(argv: string[]): Promise<number> {
     const detected = await detectBackend(runner);
     process.stdout.write(`host iptables backend: ${detected.backend} (${detected.reason}); cleaning both\n`);
   }
+  // Whichever backend the agent ran with, its nftables tables too: a host may have switched.
   let failed = false;
-  for (const backend of backends) {
-    for (const family of FAMILIES) {
-      const xt = new Xtables(family, backend, runner);
-      try {
-        const { jumps, chains } = await removeAll(xt);
-        process.stdout.write(`${backend} ${family}: removed ${chains} chains and ${jumps} jumps\n`);
-      } catch (err) {
-        failed = true;
-        process.stderr.write(`${backend} ${family}: ${(err as Error).message}\n`);
-      }
-    }
-  }
-  // Whichever backend the agent ran with: a host may have switched.
-  try {
-    const tables = await removeNftTables(runner);
-    process.stdout.write(`nftables: removed ${tables} pier table${tables === 1 ? '' : 's'}\n`);
-  } catch (err) {
-    // A host without nft has no pier table either.
-    if (!/cannot run nft/.test((err as Error).message)) {
+  for (const r of await removePierRules(runner, { iptables: backends, nftables: true })) {
+    if (r.error === undefined) process.stdout.write(`${r.part}: ${r.summary}\n`);
+    else {
       failed = true;
-      process.stderr.write(`nftables: ${(err as Error).message}\n`);
+      process.stderr.write(`${r.part}: ${r.error}\n`);
     }
   }
   return failed ? 1 : 0;

@@ -20,8 +20,7 @@ import { allocatorConfig, CONTROLLER_SPEC } from '../controller/main.ts';
 import { statusPatch } from '../controller/status.ts';
 import { nodeAddresses } from './agent.ts';
 import { readManifestFiles, type Manifests } from './manifests.ts';
-import { buildModel } from './model.ts';
-import { renderRuleset } from './render.ts';
+import { SyncPipeline } from './pipeline.ts';
 import { nftScript, renderNft } from './nft.ts';
 import { commandsText, planText } from './restore.ts';
 import { describeCheck, flowFrontends, frontendsToCheck } from './conntrack.ts';
@@ -177,21 +176,21 @@ export async function runPlan(argv: string[]): Promise<number> {
   const config = allocatorConfig(v);
   const { services, notes } = allocateOffline(manifests, nodeName, config);
   for (const line of notes) process.stderr.write(`pier plan: ${line}\n`);
-  const model = buildModel({
+  const markBit = 1 << (v['masquerade-bit'] as number);
+  // The agent's own engine, from an empty state: what it would compute on this node.
+  const pipeline = new SyncPipeline({
     nodeName,
-    nodeAddresses: nodeAddresses(node),
-    services,
-    slices: manifests.slices,
-    config: { loadBalancerClass: config.loadBalancerClass, defaultClass: config.defaultClass, maxPortsPerService: config.maxPortsPerService! },
+    model: { loadBalancerClass: config.loadBalancerClass, defaultClass: config.defaultClass, maxPortsPerService: config.maxPortsPerService! },
+    render: { markBit },
   });
+  const model = pipeline.model({ nodeAddresses: nodeAddresses(node), services, slices: manifests.slices });
   for (const p of model.problems) {
     process.stderr.write(`pier plan: warning: ${p.service}${p.port ? ` port ${p.port}` : ''}: ${p.reason}: ${p.message}\n`);
   }
   const family = v['family'] as Family;
-  const markBit = 1 << (v['masquerade-bit'] as number);
   if (v['backend'] === 'nftables') process.stdout.write(nftScript(renderNft(model[family], markBit)));
   else {
-    const ruleset = renderRuleset(model[family], { markBit });
+    const ruleset = pipeline.ruleset(model[family]);
     process.stdout.write(v['format'] === 'commands' ? commandsText(ruleset, family) : planText(ruleset));
   }
   // What the agent deletes once these rules are in place, as comments both formats allow.

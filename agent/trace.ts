@@ -13,8 +13,9 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
 import { branches, PROTO_NUMBERS, walk, type Hop, type Packet, type WalkResult } from './interp.ts';
-import { buildModel, isPierService, parseAddress, PROTOCOLS, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServicePortPlan } from './model.ts';
-import { renderRuleset, type Ruleset, type TableName } from './render.ts';
+import { isPierService, parseAddress, PROTOCOLS, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServicePortPlan } from './model.ts';
+import { SyncPipeline } from './pipeline.ts';
+import type { Ruleset, TableName } from './render.ts';
 
 export class TraceUsageError extends Error {
   override name = 'TraceUsageError';
@@ -51,15 +52,16 @@ export interface TraceInput {
 }
 
 export function traceWorld(input: TraceInput): TraceWorld {
-  const model = buildModel(input);
-  const render = { markBit: input.markBit };
+  // The agent's own engine, from an empty state.
+  const pipeline = new SyncPipeline({ nodeName: input.nodeName, model: input.config, render: { markBit: input.markBit } });
+  const model = pipeline.model(input);
   return {
     nodeName: input.nodeName,
     nodeAddresses: input.nodeAddresses.map((a) => parseAddress(a)?.text ?? a),
     markBit: input.markBit,
     config: input.config,
     model,
-    rulesets: { ipv4: renderRuleset(model.ipv4, render), ipv6: renderRuleset(model.ipv6, render) },
+    rulesets: { ipv4: pipeline.ruleset(model.ipv4), ipv6: pipeline.ruleset(model.ipv6) },
     services: input.services,
   };
 }

@@ -38,11 +38,10 @@ import { promisify } from 'node:util';
 import { Applier, eachFamily, findDrift, planJumps, type ApplyResult } from '../agent/applier.ts';
 import { HeadStart } from '../agent/headstart.ts';
 import { Xtables, commandRunner, type Backend } from '../agent/iptables.ts';
-import { buildModel } from '../agent/model.ts';
 import { NftApplier, type NftApplyResult } from '../agent/nft-applier.ts';
 import { NftRenderer } from '../agent/nft.ts';
 import { SyncPipeline } from '../agent/pipeline.ts';
-import { renderRuleset, type Ruleset } from '../agent/render.ts';
+import type { Ruleset } from '../agent/render.ts';
 import { parseSave, restoreText, splitRule } from '../agent/restore.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../test/lab/scratch.ts';
@@ -263,11 +262,12 @@ for (const n of sizes) {
       steady = { noop: median(noops), changed: median(changes) };
     });
   }
-  // The pure functions, as `pier plan` and the tests run them.
+  // The engine from an empty state with nothing ahead, as `pier plan` and `pier trace` run it.
   const pure: number[] = [];
   for (let r = 0; r < repeat; r++) {
     const t0 = performance.now();
-    renderRuleset(buildModel({ nodeName: NODE, nodeAddresses: [NODE_IP], ...objs, config: MODEL_CONFIG }).ipv4, { markBit: MARK_BIT });
+    const p = pipeline();
+    p.ruleset(p.model({ nodeAddresses: [NODE_IP], ...objs }).ipv4);
     pure.push(ms(t0));
   }
 
@@ -289,7 +289,7 @@ for (const n of sizes) {
   row(`${n} ports:   cold sync with the save on its path, nothing ahead`, `${fmt(median(withSaves))} (ratio ${(median(withSaves) / raw).toFixed(2)})`);
   row(`${n} ports: no-op sync`, fmt(steady!.noop));
   row(`${n} ports: one Service changed`, `${fmt(steady!.changed)}${first && n !== Math.min(...sizes) ? ` (${(steady!.changed / first).toFixed(2)}x the same change at ${Math.min(...sizes)})` : ''}`);
-  row(`${n} ports: buildModel + renderRuleset from scratch (pier plan)`, fmt(median(pure)));
+  row(`${n} ports: computing the rules from an empty state, nothing ahead (pier plan)`, fmt(median(pure)));
 }
 
 // The seed's way: one iptables command per rule.
@@ -424,21 +424,19 @@ for (const n of sizes) {
   const objs = objects(n);
   const colds: number[] = [];
   let steady: { change: number; noop: number; verify: number } | undefined;
-  const renderers = new WeakMap<SyncPipeline, NftRenderer>();
-  const nftSync = async (p: SyncPipeline, applier: NftApplier, verify = false): Promise<NftApplyResult> => {
-    const model = p.model({ nodeAddresses: [NODE_IP], services: [...objs.services], slices: [...objs.slices] });
-    let r = renderers.get(p);
-    if (!r) renderers.set(p, (r = new NftRenderer('ipv4', MARK_BIT)));
-    return applier.apply(r.update(model.ipv4), { verify });
-  };
   for (let k = 0; k < coldRepeat; k++) {
     await withScratch(async (s) => {
       const p = pipeline();
+      const renderer = new NftRenderer('ipv4', MARK_BIT);
       const applier = new NftApplier('ipv4', commandRunner(['ip', 'netns', 'exec', s.ns]));
+      const nftSync = async (verify = false): Promise<NftApplyResult> => {
+        const model = p.model({ nodeAddresses: [NODE_IP], services: [...objs.services], slices: [...objs.slices] });
+        return applier.apply(renderer.update(model.ipv4), { verify });
+      };
       const listed = listAhead(p, objs, [NODE_IP], []);
       const t0 = performance.now();
       listed();
-      const res = await nftSync(p, applier);
+      const res = await nftSync();
       colds.push(ms(t0));
       if (res.mode !== 'full') throw new Error(`expected a full nft sync, got ${res.mode}`);
       if (k !== coldRepeat - 1) return;
@@ -447,15 +445,15 @@ for (const n of sizes) {
       const verifies: number[] = [];
       for (let r = 0; r < repeat; r++) {
         let t = performance.now();
-        if ((await nftSync(p, applier)).mode !== 'noop') throw new Error('expected a no-op nft sync');
+        if ((await nftSync()).mode !== 'noop') throw new Error('expected a no-op nft sync');
         noops.push(ms(t));
         objs.slices[0] = decoded(slice(0, 100 + r));
         t = performance.now();
-        const c = await nftSync(p, applier);
+        const c = await nftSync();
         changes.push(ms(t));
         if (c.mode !== 'partial') throw new Error(`expected a partial nft sync, got ${c.mode}`);
         t = performance.now();
-        if ((await nftSync(p, applier, true)).mode !== 'noop') throw new Error('expected a no-op verifying nft sync');
+        if ((await nftSync(true)).mode !== 'noop') throw new Error('expected a no-op verifying nft sync');
         verifies.push(ms(t));
       }
       steady = { change: median(changes), noop: median(noops), verify: median(verifies) };
