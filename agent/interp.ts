@@ -15,6 +15,8 @@ export interface Packet {
   dport: number;
   /** The packet mark before the walk (0 when absent). */
   mark?: number;
+  /** Its connection's mark (0 when absent): a new connection has none. */
+  ctmark?: number;
   /** The connection as conntrack knows it (filter table). */
   ct?: { new: boolean; dnat: boolean; proto: number; origsrc: string; origdst: string; origdport: number };
 }
@@ -35,6 +37,8 @@ export interface WalkResult {
   to?: string;
   /** The packet mark after the walk. */
   mark: number;
+  /** The connection's mark after the walk. */
+  ctmark: number;
   /** Rules evaluated on the way. */
   rules: number;
   /** Statistic matches met (one per branch point passed). */
@@ -78,6 +82,7 @@ const ctNet = (v: string) => (v.includes('/') ? v : `${v}/${v.includes(':') ? 12
 export function walk(chains: ReadonlyMap<string, readonly string[]>, chain: string, pkt: Packet, choice = -1): WalkResult {
   let rules = 0;
   let mark = pkt.mark ?? 0;
+  let ctmark = pkt.ctmark ?? 0;
   let randomPoints = 0;
   let chance = 1;
   const hops: Hop[] = [];
@@ -91,6 +96,7 @@ export function walk(chains: ReadonlyMap<string, readonly string[]>, chain: stri
       let ok = true;
       let target = '';
       let args: string[] = [];
+      let module = '';
       for (let i = 0; i < w.length && ok; ) {
         const neg = w[i] === '!';
         if (neg) i++;
@@ -101,13 +107,14 @@ export function walk(chains: ReadonlyMap<string, readonly string[]>, chain: stri
           case '-s': m = inCidr(pkt.src, v); break;
           case '-d': m = inCidr(pkt.dst, v); break;
           case '-p': m = pkt.proto === v; break;
-          case '-m': case '--comment': case '--mode': break;
+          case '-m': module = v; break;
+          case '--comment': case '--mode': break;
           case '--dport': m = inPorts(pkt.dport, v); break;
           case '--probability':
             m = randomPoints++ === choice;
             chance *= m ? Number(v) : 1 - Number(v);
             break;
-          case '--mark': { const [val, mask] = v.split('/').map(Number); m = (mark & mask!) === val; break; }
+          case '--mark': { const [val, mask] = v.split('/').map(Number); m = ((module === 'connmark' ? ctmark : mark) & mask!) === val; break; }
           case '--ctstate': m = pkt.ct !== undefined && v.split(',').some((s) => (s === 'NEW' && pkt.ct!.new) || (s === 'DNAT' && pkt.ct!.dnat)); break;
           case '--ctproto': m = pkt.ct?.proto === Number(v); break;
           case '--ctorigsrc': m = pkt.ct !== undefined && inCidr(pkt.ct.origsrc, ctNet(v)); break;
@@ -121,9 +128,10 @@ export function walk(chains: ReadonlyMap<string, readonly string[]>, chain: stri
       }
       if (!ok) continue;
       hops.push({ chain: name, rule });
-      if (target === 'MARK') {
+      if (target === 'MARK' || target === 'CONNMARK') {
         const [val, mask] = args[1]!.split('/').map(Number);
-        mark = (mark & ~mask!) ^ val!;
+        if (target === 'MARK') mark = (mark & ~mask!) ^ val!;
+        else ctmark = (ctmark & ~mask!) ^ val!;
         continue;
       }
       if (target === 'RETURN') return undefined;
@@ -135,7 +143,7 @@ export function walk(chains: ReadonlyMap<string, readonly string[]>, chain: stri
     return undefined;
   };
   const res = visit(chain, 0);
-  return { verdict: res?.verdict ?? 'CONTINUE', to: res?.to, mark: mark >>> 0, rules, randomPoints, chance, hops };
+  return { verdict: res?.verdict ?? 'CONTINUE', to: res?.to, mark: mark >>> 0, ctmark: ctmark >>> 0, rules, randomPoints, chance, hops };
 }
 
 /**

@@ -36,7 +36,7 @@ export const AGENT_SPEC: CommandSpec = {
     { name: 'set-sysctls', type: 'boolean', default: false, help: 'turn on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding when off (needs a writable /proc/sys)' },
     RULE_BACKEND_OPTION,
     BACKEND_OPTION,
-    { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, help: 'packet-mark bit that asks for masquerading (13 is 0x2000; kube-proxy uses 14 and 15)' },
+    { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, help: 'packet-mark bit that asks for masquerading, and connection-mark bit of connections pier\'s FORWARD rules accepted (13 is 0x2000; kube-proxy uses packet-mark bits 14 and 15)' },
     { name: 'max-ports-per-service', type: 'int', default: 256, min: 1, max: 65535, help: 'Services with more ports are skipped with a Warning Event' },
     { name: 'min-sync-interval', type: 'duration', default: 250, min: 0, help: 'shortest time between two syncs; changes in between are coalesced' },
     { name: 'resync-period', type: 'duration', default: 30_000, min: 1000, help: 'verifying sync (sysctls, pier chains and jumps read back and healed) at least this often' },

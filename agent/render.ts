@@ -81,6 +81,8 @@ export const FORWARD_CHAIN = 'PIER-FORWARD';
 export const NOENDPOINTS_CHAIN = 'PIER-NOENDPOINTS';
 export const SOURCES_CHAIN = 'PIER-SOURCES';
 export const CANARY_CHAIN = 'PIER-CANARY';
+/** Where the forward tree sends a connection it accepts: marked, so that its later packets skip the tree. */
+export const ACCEPT_CHAIN = 'PIER-ACCEPT';
 /**
  * The canary holds a rule, not just a chain: `iptables -F` empties chains
  * without deleting them, and the applier must notice that too.
@@ -127,6 +129,8 @@ interface RuleSpec {
   ct?: { state?: string; notState?: string; proto?: number; origsrc?: string; origdst?: string; origdstport?: string };
   probability?: string;
   notMark?: string;
+  /** `-m connmark --mark` value. */
+  connmark?: string;
   target: string;
 }
 
@@ -149,6 +153,7 @@ export function formatRule(r: RuleSpec): string {
   }
   if (r.probability) out += ` -m statistic --mode random --probability ${r.probability}`;
   if (r.notMark) out += ` -m mark ! --mark ${r.notMark}`;
+  if (r.connmark) out += ` -m connmark --mark ${r.connmark}`;
   return `${out} -j ${r.target}`;
 }
 
@@ -348,7 +353,7 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
   }
 
   // filter: accept the DNATed connection, checking its source when restricted.
-  if (!plan.restrictSources) return { trees: { nat, forward: [portRule(comment, 'ACCEPT')] }, own };
+  if (!plan.restrictSources) return { trees: { nat, forward: [portRule(comment, ACCEPT_CHAIN)] }, own };
   const forward = sourceCheck(plan, comment, text, FORWARD_CHECK, own);
   // sources: the same ranges for connections FORWARD does not see; an
   // allowed one goes on to the host's own rules.
@@ -358,13 +363,13 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
 
 /** How a tree checks sources: what an allowed source gets, and the port's own chain when the list is long. */
 interface SourceCheck {
-  allow: 'ACCEPT' | 'RETURN';
+  allow: typeof ACCEPT_CHAIN | 'RETURN';
   prefix: string;
   /** Hashed with the plan's key into the chain's name. */
   seed: string;
 }
 /** FORWARD accepts, even under a DROP policy. */
-const FORWARD_CHECK: SourceCheck = { allow: 'ACCEPT', prefix: 'PIER-SRC-', seed: 'src' };
+const FORWARD_CHECK: SourceCheck = { allow: ACCEPT_CHAIN, prefix: 'PIER-SRC-', seed: 'src' };
 /** INPUT and OUTPUT only drop: the host's own rules still see allowed connections. */
 const SOURCES_CHECK: SourceCheck = { allow: 'RETURN', prefix: 'PIER-LSRC-', seed: 'lsrc' };
 
@@ -607,9 +612,13 @@ export interface FixedRules {
   postrouting: string[];
   /**
    * The rules each tree's root chain starts with: most packets that reach
-   * PIER-FORWARD or PIER-SOURCES were not DNATed, and one rule sends them back.
+   * PIER-FORWARD or PIER-SOURCES were not DNATed, and one rule sends them
+   * back; in PIER-FORWARD, every packet of a connection the tree accepted
+   * once is accepted by the next, its connection's mark.
    */
   heads: Record<TreeName, readonly string[]>;
+  /** PIER-ACCEPT: marks the connection, then accepts. */
+  accept: string[];
   canary: string[];
   nat: Jump[];
   filter: Jump[];
@@ -632,10 +641,19 @@ export function fixedRules(markBit: number): FixedRules {
     ],
     heads: {
       nat: [],
-      forward: [formatRule({ comment: tag('forward'), ct: { notState: 'DNAT' }, target: 'RETURN' })],
+      // The established packets of pier's connections, in both directions,
+      // walk these two rules and no per-port one (bench:connect, "established").
+      forward: [
+        formatRule({ comment: tag('forward'), ct: { notState: 'DNAT' }, target: 'RETURN' }),
+        formatRule({ comment: tag('forward'), connmark: mark, target: 'ACCEPT' }),
+      ],
       noEndpoints: [],
       sources: [formatRule({ comment: tag('sources'), ct: { notState: 'DNAT' }, target: 'RETURN' })],
     },
+    // A connection keeps the mark for its life: once accepted it stays
+    // accepted when its Service's source ranges shrink or the port goes, as
+    // kube-proxy keeps established connections (conntrack ends them).
+    accept: [formatRule({ comment: tag('forward'), target: `CONNMARK --set-xmark ${mark}` }), formatRule({ comment: tag('forward'), target: 'ACCEPT' })],
     canary: [CANARY_RULE],
     nat: [
       { chain: 'PREROUTING', rule: formatRule({ comment: tag('services'), target: SERVICES_CHAIN }) },
@@ -675,7 +693,7 @@ export function assembleRuleset(parts: RulesetParts): Ruleset {
   const nat: [string, string[]][] = [...parts.chains.nat];
   nat.push([SERVICES_CHAIN, parts.services], [POSTROUTING_CHAIN, fixed.postrouting], [CANARY_CHAIN, fixed.canary]);
   const filter: [string, string[]][] = [...parts.chains.filter];
-  filter.push([FORWARD_CHAIN, parts.forward], [NOENDPOINTS_CHAIN, parts.noEndpoints], [SOURCES_CHAIN, parts.sources], [CANARY_CHAIN, fixed.canary]);
+  filter.push([FORWARD_CHAIN, parts.forward], [ACCEPT_CHAIN, fixed.accept], [NOENDPOINTS_CHAIN, parts.noEndpoints], [SOURCES_CHAIN, parts.sources], [CANARY_CHAIN, fixed.canary]);
   const sorted = (list: [string, string[]][]) => new Map(list.sort(([a], [b]) => compareText(a, b)));
   return {
     family: parts.family,

@@ -17,7 +17,8 @@
 // port (the end of the flat list) and to the middle one, and with pier's
 // iptables rules also to the deepest port: the one whose connect walks the
 // most rules, found with agent/interp.ts (a connect's SYN walks the nat tree
-// and the FORWARD tree, its SYN-ACK and ACK the FORWARD tree again). The
+// and the FORWARD tree, which marks the connection; its SYN-ACK and ACK meet
+// that mark at the second rule of PIER-FORWARD). The
 // last port is not the deepest: how deep a port sits depends on the aligned
 // ranges around it.
 //
@@ -114,8 +115,8 @@ interface RuleSet {
   apply(ns: string): Promise<void>;
   /** What the node holds, for the table. */
   size: string;
-  /** iptables rules a connect to `port` walks: its first packet's in nat, and in filter's FORWARD (every packet's). */
-  walked?: (port: number) => { nat: number; forward: number };
+  /** iptables rules a connect to `port` walks: its first packet's in nat and in filter's FORWARD, and each later packet's in FORWARD. */
+  walked?: (port: number) => Walked;
 }
 
 function lastAndMiddle(n: number) {
@@ -125,8 +126,15 @@ function lastAndMiddle(n: number) {
   ];
 }
 
+interface Walked {
+  nat: number;
+  forward: number;
+  /** FORWARD rules each later packet of the connection walks, either way. */
+  later: number;
+}
+
 /** pier's iptables rules a connect walks, by agent/interp.ts: from PIER-SERVICES for the SYN, from PIER-FORWARD for each packet. */
-function walker(rs: Ruleset) {
+function walker(rs: Ruleset): (port: number) => Walked {
   const nat = rs.tables.nat.chains;
   const filter = rs.tables.filter.chains;
   return (port: number) => {
@@ -136,17 +144,20 @@ function walker(rs: Ruleset) {
     const ct = { new: true, dnat: true, proto: 6, origsrc: CLIENT_IP, origdst: FRONTEND, origdport: port };
     const f = walk(filter, 'PIER-FORWARD', { ...syn, dst: ENDPOINT_IP, dport: ENDPOINT_PORT, ct });
     if (f.verdict !== 'ACCEPT') throw new Error(`port ${port}: pier's FORWARD rules give ${f.verdict}, not an ACCEPT`);
-    return { nat: n.rules, forward: f.rules };
+    const later = walk(filter, 'PIER-FORWARD', { src: ENDPOINT_IP, dst: CLIENT_IP, proto: 'tcp', dport: port, ct: { ...ct, new: false }, ctmark: f.ctmark });
+    if (later.verdict !== 'ACCEPT') throw new Error(`port ${port}: pier's FORWARD rules give a later packet ${later.verdict}, not an ACCEPT`);
+    return { nat: n.rules, forward: f.rules, later: later.rules };
   };
 }
 
-/** The port whose connect walks the most rules: the SYN's nat and FORWARD walks, and two more FORWARD walks (SYN-ACK, ACK). */
-function deepest(n: number, walked: (port: number) => { nat: number; forward: number }): number {
+/** The port whose connect walks the most rules: the SYN's nat and FORWARD walks, and two later FORWARD walks (SYN-ACK, ACK). */
+function deepest(n: number, walked: (port: number) => Walked): number {
   let best = FIRST_PORT;
   let most = -1;
   for (let port = FIRST_PORT; port < FIRST_PORT + n; port++) {
     const w = walked(port);
-    if (w.nat + 3 * w.forward > most) [best, most] = [port, w.nat + 3 * w.forward];
+    const rules = w.nat + w.forward + 2 * w.later;
+    if (rules > most) [best, most] = [port, rules];
   }
   return best;
 }
@@ -161,7 +172,7 @@ function ruleSets(): RuleSet[] {
       ports: [{ label: 'anchor', port: FIRST_PORT }],
       rtt: true,
       size: '1 rule',
-      walked: () => ({ nat: 1, forward: 0 }),
+      walked: () => ({ nat: 1, forward: 0, later: 0 }),
       // Hand-written, the way an administrator would.
       apply: async (ns) => void (await execa('ip', ['netns', 'exec', ns, binaries(backend, 'ipv4').cmd, '-t', 'nat', '-A', 'PREROUTING', ...dnat(FIRST_PORT).split(' ')])),
     },
@@ -171,7 +182,7 @@ function ruleSets(): RuleSet[] {
       ports: [{ label: 'anchor', port: FIRST_PORT }],
       rtt: false,
       size: '2 rules',
-      walked: () => ({ nat: 1, forward: 0 }),
+      walked: () => ({ nat: 1, forward: 0, later: 0 }),
       apply: async (ns) => {
         const cmd = binaries(backend, 'ipv4').cmd;
         await execa('ip', ['netns', 'exec', ns, cmd, '-t', 'nat', '-A', 'PREROUTING', ...dnat(FIRST_PORT).split(' ')]);
@@ -212,7 +223,7 @@ function ruleSets(): RuleSet[] {
     rtt: false,
     size: `${big} rules`,
     apply: (ns) => xtables(ns).restore(flat),
-    walked: (port) => ({ nat: port - FIRST_PORT + 1, forward: 0 }),
+    walked: (port) => ({ nat: port - FIRST_PORT + 1, forward: 0, later: 0 }),
   });
   return sets;
 }
@@ -346,12 +357,12 @@ try {
       .filter((c) => c.kind === kind)
       .map((c) => {
         const w = c.set.walked?.(c.port.port);
-        const walked = !w ? '–' : kind === 'connect' ? `${w.nat} + ${w.forward}` : String(w.forward);
+        const walked = !w ? '–' : kind === 'connect' ? `${w.nat} + ${w.forward}, then ${w.later}` : String(w.later);
         const p50 = pct(c.samples, 50);
         return [c.set.label, `${c.port.label} ${c.port.port}`, walked, us(p50), us(pct(c.samples, 90)), `${(p50 / base).toFixed(2)}x`, c.runP50.map((x) => x.toFixed(1)).join(' / ')];
       });
   const columns = ['p50', 'p90', '/ one rule', 'p50 per run'];
-  table([['TCP connect (SYN, SYN-ACK, ACK)', 'port', 'iptables rules walked: nat + FORWARD', ...columns], ...lines('connect', anchor)]);
+  table([['TCP connect (SYN, SYN-ACK, ACK)', 'port', 'iptables rules walked: nat + FORWARD, then FORWARD per later packet', ...columns], ...lines('connect', anchor)]);
   process.stdout.write('\n');
   table([[`established connection, ${RTT_BYTES} B each way`, 'port', 'FORWARD rules per packet', ...columns], ...lines('rtt', anchorRtt)]);
 

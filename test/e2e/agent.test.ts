@@ -226,6 +226,33 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
     }
   });
 
+  if (!nft) {
+    it('an established connection\'s packets, both ways, meet two rules of PIER-FORWARD and no port\'s', async () => {
+      // n1's FORWARD policy is DROP: every packet of these connections must be accepted by pier.
+      const n1 = lab.nodes[0]!;
+      const k = 20;
+      for (const [family, save] of [['v4', 'iptables'], ['v6', 'ip6tables']] as const) {
+        await lab.exec(n1.ns, save, ['-t', 'filter', '-Z']);
+        const results = await lab.probe(client(0), n1[family], 80, { count: k, timeoutMs: 1000 });
+        expect(results.filter((r) => !r.ok), family).toEqual([]);
+        const counted = (await lab.exec(n1.ns, `${save}-save`, ['-c', '-t', 'filter'])).stdout
+          .split('\n')
+          .map((l) => /^\[(\d+):\d+\] -A (\S+) (.*)$/.exec(l))
+          .filter((m) => m !== null)
+          .map(([, packets, chain, rule]) => ({ packets: Number(packets), chain: chain!, rule: rule! }));
+        const head = counted.find((r) => r.chain === 'PIER-FORWARD' && r.rule.includes('-m connmark'))!;
+        const marked = counted.find((r) => r.chain === 'PIER-ACCEPT' && r.rule.includes('-j CONNMARK'))!;
+        // Each connection is marked once, at its first packet...
+        expect(marked.packets, family).toBe(k);
+        // ...and its later ones (the handshake's, the reply's, the close's, either way) meet the mark.
+        expect(head.packets, family).toBeGreaterThanOrEqual(4 * k);
+        const perPort = counted.filter((r) => (r.chain === 'PIER-FORWARD' || r.chain.startsWith('PIER-FWD-')) && r.rule.includes('--ctorigdst'));
+        expect(perPort.length, family).toBeGreaterThan(0);
+        for (const r of perPort) expect(r.packets, `${family} ${r.chain} ${r.rule}`).toBeLessThanOrEqual(k);
+      }
+    });
+  }
+
   it('Local policy: only local pods answer, and they see the client address', async () => {
     await createService('local', [{ name: 'http', port: 81 }], lab.pods, { externalTrafficPolicy: 'Local' });
     for (const family of ['v4', 'v6'] as const) {

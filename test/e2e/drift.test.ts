@@ -22,7 +22,7 @@ const BUILTIN = new Set(['PREROUTING', 'INPUT', 'FORWARD', 'OUTPUT', 'POSTROUTIN
 /** Every kind of chain pier renders, by table: fixed names, and prefixes of hashed ones. */
 const KINDS = {
   nat: ['PIER-SERVICES', 'PIER-POSTROUTING', 'PIER-CANARY', 'PIER-SVCS-', 'PIER-SVC-'],
-  filter: ['PIER-FORWARD', 'PIER-NOENDPOINTS', 'PIER-SOURCES', 'PIER-CANARY', 'PIER-FWD-', 'PIER-NOEP-', 'PIER-SRCS-', 'PIER-SRC-', 'PIER-LSRC-'],
+  filter: ['PIER-FORWARD', 'PIER-ACCEPT', 'PIER-NOENDPOINTS', 'PIER-SOURCES', 'PIER-CANARY', 'PIER-FWD-', 'PIER-NOEP-', 'PIER-SRCS-', 'PIER-SRC-', 'PIER-LSRC-'],
 } as const;
 const kindOf = (chain: string) => (/^PIER-[A-Z]+-[0-9A-Z]{4,}$/.test(chain) ? chain.replace(/[0-9A-Z]+$/, '') : chain);
 

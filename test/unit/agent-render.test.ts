@@ -6,7 +6,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel, parseAddress, parseCidr, type FamilyModel, type ServicePortPlan } from '../../agent/model.ts';
-import { CANARY_CHAIN, CANARY_RULE, chainName, MAX_CHAIN_NAME, probability, renderRuleset, saveString, TABLES, type Ruleset } from '../../agent/render.ts';
+import { ACCEPT_CHAIN, CANARY_CHAIN, CANARY_RULE, chainName, MAX_CHAIN_NAME, probability, renderRuleset, saveString, TABLES, type Ruleset } from '../../agent/render.ts';
 import { CLIENT, MARK, PROTO_NUMBERS, corrupt, corruptionArb, destinations, dnatText, toInput, walk, worldArb, type Packet, type World } from './agent-fixtures.ts';
 
 const render = (m: FamilyModel) => renderRuleset(m, { markBit: MARK });
@@ -83,6 +83,10 @@ function checkBehaviour(m: FamilyModel, r: Ruleset): void {
       // What FORWARD never sees (a client on the node, an endpoint on the
       // host network) meets the same ranges in PIER-SOURCES, which only drops.
       const local = walk(filter, 'PIER-SOURCES', dnatedConnection(p, f, client));
+      // A connection accepted once is marked; its later packets, either way, meet two rules and no port's.
+      expect(fwd.ctmark, `${what}: marked iff accepted`).toBe(fwd.verdict === 'ACCEPT' ? MARK : 0);
+      const later = walk(filter, 'PIER-FORWARD', { ...dnatedConnection(p, f, client), ctmark: MARK });
+      expect([later.verdict, later.rules], `${what}: a later packet`).toEqual(['ACCEPT', 2]);
       if (!p.restrictSources) {
         expect(fwd.verdict, what).toBe('ACCEPT');
         expect(local.verdict, `${what}: no ranges, nothing to check`).toBe('CONTINUE');
@@ -121,7 +125,8 @@ function checkStructure(r: Ruleset): void {
       }
     }
     for (const j of jumps) referenced.add(/ -j (\S+)/.exec(j.rule)![1]!);
-    for (const name of chains.keys()) if (name !== CANARY_CHAIN) expect(referenced.has(name), `${name} is reachable`).toBe(true);
+    // PIER-ACCEPT is there for the tree even when no port needs it yet.
+    for (const name of chains.keys()) if (name !== CANARY_CHAIN && name !== ACCEPT_CHAIN) expect(referenced.has(name), `${name} is reachable`).toBe(true);
   }
 }
 
@@ -181,7 +186,12 @@ describe('renderRuleset examples', () => {
     ]);
     expect(r.tables.filter.chains.get('PIER-FORWARD')).toEqual([
       '-m comment --comment "pier/forward" -m conntrack ! --ctstate DNAT -j RETURN',
-      '-m comment --comment "shop/web:http" -m conntrack --ctproto 6 --ctorigdst 192.0.2.11 --ctorigdstport 80 -j ACCEPT',
+      '-m comment --comment "pier/forward" -m connmark --mark 0x2000/0x2000 -j ACCEPT',
+      '-m comment --comment "shop/web:http" -m conntrack --ctproto 6 --ctorigdst 192.0.2.11 --ctorigdstport 80 -j PIER-ACCEPT',
+    ]);
+    expect(r.tables.filter.chains.get('PIER-ACCEPT')).toEqual([
+      '-m comment --comment "pier/forward" -j CONNMARK --set-xmark 0x2000/0x2000',
+      '-m comment --comment "pier/forward" -j ACCEPT',
     ]);
   });
 
@@ -214,7 +224,7 @@ describe('renderRuleset examples', () => {
     ]);
     const src = chainName('PIER-SRC-', 'src|ipv4/shop/db/pg/TCP');
     expect(r.tables.filter.chains.get(src)).toEqual([
-      ...ranges.map((c) => `-m comment --comment "shop/db:pg" -m conntrack --ctorigsrc ${c} -j ACCEPT`),
+      ...ranges.map((c) => `-m comment --comment "shop/db:pg" -m conntrack --ctorigsrc ${c} -j PIER-ACCEPT`),
       '-m comment --comment "shop/db:pg" -j DROP',
     ]);
     const local = chainName('PIER-LSRC-', 'lsrc|ipv4/shop/db/pg/TCP');

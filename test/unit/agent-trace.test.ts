@@ -89,8 +89,11 @@ describe('trace', () => {
       expect(e.hops[0]!.rule).toContain(`-j DNAT --to-destination ${e.address}:8080`);
       // Many frontends on one address: the trees have chains of their own below PIER-SERVICES and PIER-FORWARD.
       const chains = e.hops.map((h) => `${h.table} ${h.chain.replace(/-[A-Z2-7]{16}$/, '-*')}`);
-      expect(chains).toEqual(['nat PIER-SVCS-*', 'filter FORWARD', 'filter PIER-FORWARD', 'filter PIER-FWD-*', 'nat POSTROUTING', 'nat PIER-POSTROUTING', 'nat PIER-POSTROUTING']);
-      expect(e.hops[3]!.rule).toMatch(/--ctorigdstport 80 -j ACCEPT$/);
+      expect(chains).toEqual(['nat PIER-SVCS-*', 'filter FORWARD', 'filter PIER-FORWARD', 'filter PIER-FWD-*', 'filter PIER-ACCEPT', 'filter PIER-ACCEPT', 'nat POSTROUTING', 'nat PIER-POSTROUTING', 'nat PIER-POSTROUTING']);
+      expect(e.hops[3]!.rule).toMatch(/--ctorigdstport 80 -j PIER-ACCEPT$/);
+      // Marked for its later packets, then accepted.
+      expect(e.hops[4]!.rule).toMatch(/-j CONNMARK --set-xmark 0x2000\/0x2000$/);
+      expect(e.hops[5]!.rule).toMatch(/-j ACCEPT$/);
       expect(lastHop(e.hops).rule).toMatch(/-j MASQUERADE$/);
     }
     expect(v.problems).toEqual([]);
@@ -147,7 +150,9 @@ describe('trace', () => {
   it('source ranges: admitted inside; outside dropped in PIER-FORWARD, or PIER-SOURCES for a client on the node', () => {
     const inside = trace(world, tcp(INSIDE, N1.v4, 83));
     expect(inside.outcome).toBe('delivered');
-    expect(lastHop(inside.endpoints[0]!.hops.filter((h) => h.table === 'filter')).rule).toMatch(/--ctorigsrc 203\.0\.113\.0\/24 .*-j ACCEPT$/);
+    const admitted = inside.endpoints[0]!.hops.filter((h) => h.table === 'filter');
+    expect(admitted.at(-3)!.rule).toMatch(/--ctorigsrc 203\.0\.113\.0\/24 .*-j PIER-ACCEPT$/);
+    expect(lastHop(admitted)).toMatchObject({ chain: 'PIER-ACCEPT', rule: expect.stringMatching(/-j ACCEPT$/) });
 
     const outside = trace(world, tcp(OUTSIDE, N1.v4, 83));
     expect(outside.outcome).toBe('dropped');
