@@ -213,15 +213,15 @@ export class Applier {
     let jumpsInserted = 0;
     for (const table of TABLES) {
       existingChains[table] = pierChains(saved.get(table));
-      const plan = planJumps(next, table, saved.get(table));
-      jumpsInserted += plan.insert.length;
+      const edits = diffJumps(next, table, saved.get(table));
+      jumpsInserted += edits.insert.length;
       // The wanted jumps the save shows are deleted and inserted again: had
       // one vanished since the save was read, its -D fails the restore
       // rather than leave the node without it until a resync; and each goes
       // back to the top of its chain, above rules added since.
-      const missing = new Set(plan.insert);
+      const missing = new Set(edits.insert);
       const wanted = next.tables[table].jumps;
-      jumpEdits[table] = { remove: [...plan.remove, ...wanted.filter((j) => !missing.has(j))], insert: [...wanted] };
+      jumpEdits[table] = { remove: [...edits.remove, ...wanted.filter((j) => !missing.has(j))], insert: [...wanted] };
     }
     // One transaction: stale jumps out (before their chains are deleted),
     // chains rewritten, jumps in. No command per jump.
@@ -245,7 +245,7 @@ export class Applier {
  * From a save of one table: jumps into pier chains that are not wanted (an
  * older pier's, or duplicates) and wanted jumps that are missing.
  */
-export function planJumps(next: Ruleset, table: TableName, saved: Map<string, string[]> | undefined): JumpEdits {
+export function diffJumps(next: Ruleset, table: TableName, saved: Map<string, string[]> | undefined): JumpEdits {
   const wanted = next.tables[table].jumps;
   const want = new Set(wanted.map((j) => `${j.chain}\u0000${j.rule}`));
   const seen = new Set<string>();

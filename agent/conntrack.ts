@@ -15,7 +15,7 @@
 // entries); the Conntrack class is the adapter that runs `conntrack`.
 import type { Family } from '../lib/contract.ts';
 import { addressInfo } from '../lib/address.ts';
-import type { FamilyModel, Protocol, ServicePortPlan } from './model.ts';
+import type { FamilyModel, Protocol, ServedPort } from './model.ts';
 import type { Runner } from './iptables.ts';
 
 /** The protocols whose flows outlive rule changes. */
@@ -61,19 +61,19 @@ const endpointKey = (address: string, port: number) => `${address}|${port}`;
 
 // Plans of unchanged Services are the same objects from sync to sync
 // (pipeline.ts), so their frontends are computed once.
-const planFlows = new WeakMap<ServicePortPlan, FlowFrontend[]>();
+const servedFlows = new WeakMap<ServedPort, FlowFrontend[]>();
 
 /** The UDP and SCTP frontends of one family's model, with the endpoints their rules DNAT to. Pure. */
 export function flowFrontends(model: FamilyModel): FlowFrontends {
   const out: FlowFrontends = new Map();
-  for (const plan of model.ports) {
-    if (!isFlowProtocol(plan.protocol)) continue;
-    let flows = planFlows.get(plan);
+  for (const served of model.ports) {
+    if (!isFlowProtocol(served.protocol)) continue;
+    let flows = servedFlows.get(served);
     if (!flows) {
-      const protocol = plan.protocol;
-      const endpoints = plan.endpoints.map((e) => endpointKey(e.address, e.port)).sort();
-      flows = plan.frontends.map((f) => ({ protocol, address: f.address, port: f.port, endpoints }));
-      planFlows.set(plan, flows);
+      const protocol = served.protocol;
+      const endpoints = served.endpoints.map((e) => endpointKey(e.address, e.port)).sort();
+      flows = served.frontends.map((f) => ({ protocol, address: f.address, port: f.port, endpoints }));
+      servedFlows.set(served, flows);
     }
     for (const f of flows) out.set(frontendKey(f.protocol, f.address, f.port), f);
   }

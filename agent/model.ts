@@ -32,7 +32,12 @@ export interface Endpoint {
   local: boolean;
 }
 
-export interface ServicePortPlan {
+/**
+ * One port of one Service as this node serves it in one family: where
+ * clients reach it (frontends), where it sends them (endpoints), and how.
+ * ("plan" is only `pier plan`; the controller's, per Service, is a ServiceRequest.)
+ */
+export interface ServedPort {
   /** Stable unique id, `<family>/<ns>/<name>/<port name or index>/<protocol>`; chain names are hashed from it. */
   key: string;
   /** `ns/name:port`, sanitised for an iptables comment. */
@@ -54,7 +59,7 @@ export interface ServicePortPlan {
 
 export interface FamilyModel {
   family: Family;
-  ports: ServicePortPlan[];
+  ports: ServedPort[];
 }
 
 /** The agent's problems always name their Service. */
@@ -90,7 +95,7 @@ export { SERVICE_NAME_LABEL };
 // ---------------------------------------------------------------------------
 // Addresses (lib/address.ts), and the order of frontends
 
-/** Frontends in the order a plan lists them. */
+/** Frontends in the order a served port lists them. */
 export function compareFrontends(a: Frontend, b: Frontend): number {
   return compareAddresses(a.address, b.address) || a.port - b.port;
 }
@@ -113,12 +118,12 @@ export function sanitizeComment(text: string): string {
 //
 // In two steps, so that an incremental caller (pipeline.ts) can keep the
 // first one per Service and redo only the second:
-//  1. serviceResult: one Service and its slices -> its port plans, with every
+//  1. serviceResult: one Service and its slices -> its served ports, with every
 //     frontend they claim, and its problems. Depends on nothing else but the
 //     node and the config (ModelContext).
 //  2. across Services: each claimed frontend goes to the oldest claimant
-//     (rankClaims); a plan that loses a frontend is replaced by a copy
-//     without it, and one that loses all is dropped; plans are ordered by
+//     (rankClaims); a served port that loses a frontend is replaced by a copy
+//     without it, and one that loses all is dropped; served ports are ordered by
 //     key, problems deduplicated.
 
 export interface ServiceIdentity {
@@ -127,9 +132,9 @@ export interface ServiceIdentity {
   created: number;
 }
 
-/** A plan's wish to serve one frontend; conflicts between Services are settled per `key`. */
+/** A served port's wish to serve one frontend; conflicts between Services are settled per `key`. */
 export interface Claim {
-  plan: ServicePortPlan;
+  served: ServedPort;
   owner: ServiceIdentity;
   portLabel: string;
   frontend: Frontend;
@@ -140,9 +145,9 @@ export interface Claim {
 /** What one Service contributes, before conflicts between Services are settled. */
 export interface ServiceResult {
   owner: ServiceIdentity;
-  /** Plans with every frontend they claim, sorted; never changed once made. */
-  plans: ServicePortPlan[];
-  /** Plan by plan, in the order of `plans`; each plan's claims in the order of its frontends. */
+  /** Served ports with every frontend they claim, sorted; never changed once made. */
+  servedPorts: ServedPort[];
+  /** Port by port, in the order of `servedPorts`; each served port's claims in the order of its frontends. */
   claims: Claim[];
   problems: Problem[];
 }
@@ -196,18 +201,18 @@ export function serviceOwner(svc: V1Service): ServiceIdentity {
  * Service is served completely or not at all.
  */
 export function serviceResult(svc: V1Service, owner: ServiceIdentity, slices: readonly V1EndpointSlice[], ctx: ModelContext): ServiceResult {
-  const mine: ServiceResult = { owner, plans: NONE, claims: NONE, problems: NONE };
+  const mine: ServiceResult = { owner, servedPorts: NONE, claims: NONE, problems: NONE };
   try {
     serviceModel(svc, owner, ctx, slices, mine);
     // Kept as long as the Service is: without the room arrays leave to grow.
-    if (mine.plans.length > 1) mine.plans = mine.plans.slice();
+    if (mine.servedPorts.length > 1) mine.servedPorts = mine.servedPorts.slice();
     if (mine.claims.length > 1) mine.claims = mine.claims.slice();
     if (mine.problems.length > 1) mine.problems = mine.problems.slice();
     return mine;
   } catch (err) {
     // A shape no check anticipated (a hand-written object with wrong types):
     // this Service is skipped, the others are not.
-    return { owner, plans: NONE, claims: NONE, problems: [{ service: owner.id, reason: 'InvalidService', message: `cannot read Service ${owner.id}: ${(err as Error).message}` }] };
+    return { owner, servedPorts: NONE, claims: NONE, problems: [{ service: owner.id, reason: 'InvalidService', message: `cannot read Service ${owner.id}: ${(err as Error).message}` }] };
   }
 }
 
@@ -225,13 +230,13 @@ export function buildModel(input: ModelInput): Model {
   // Sorted so that nothing depends on the order objects arrive in, not even
   // which of two objects with one name wins.
   const services = sortServices((input.services ?? []).filter((s) => s && safely(() => isPierService(s, input.config), false)));
-  const plans: ServicePortPlan[] = [];
+  const servedPorts: ServedPort[] = [];
   const byFrontend = new Map<number, Claim[]>();
   const problems: Problem[] = [];
   for (const svc of services) {
     const owner = serviceOwner(svc);
     const r = serviceResult(svc, owner, slicesByService.get(owner.id) ?? [], ctx);
-    for (const p of r.plans) plans.push(p);
+    for (const p of r.servedPorts) servedPorts.push(p);
     for (const c of r.claims) {
       const list = byFrontend.get(c.key);
       if (list) list.push(c);
@@ -240,27 +245,27 @@ export function buildModel(input: ModelInput): Model {
     for (const p of r.problems) problems.push(p);
   }
 
-  // The plans are this call's own: those that lose frontends lose them in place.
-  const lost = new Map<ServicePortPlan, Set<Frontend>>();
+  // The served ports are this call's own: those that lose frontends lose them in place.
+  const lost = new Map<ServedPort, Set<Frontend>>();
   for (const list of byFrontend.values()) {
     if (list.length < 2) continue;
     rankClaims(list);
     for (let i = 1; i < list.length; i++) {
       const c = list[i]!;
-      let set = lost.get(c.plan);
-      if (!set) lost.set(c.plan, (set = new Set()));
+      let set = lost.get(c.served);
+      if (!set) lost.set(c.served, (set = new Set()));
       set.add(c.frontend);
     }
     for (const p of conflictProblems(list)) problems.push(p);
   }
-  for (const [plan, set] of lost) plan.frontends = plan.frontends.filter((f) => !set.has(f));
+  for (const [served, set] of lost) served.frontends = served.frontends.filter((f) => !set.has(f));
 
-  const byFamily: Record<Family, ServicePortPlan[]> = { ipv4: [], ipv6: [] };
+  const byFamily: Record<Family, ServedPort[]> = { ipv4: [], ipv6: [] };
   const seen = new Set<string>();
-  for (const plan of plans.sort(comparePlans)) {
-    if (plan.frontends.length === 0 || seen.has(plan.key)) continue;
-    seen.add(plan.key);
-    byFamily[planFamily(plan)].push(plan);
+  for (const served of servedPorts.sort(compareServedPorts)) {
+    if (served.frontends.length === 0 || seen.has(served.key)) continue;
+    seen.add(served.key);
+    byFamily[servedFamily(served)].push(served);
   }
 
   return {
@@ -270,15 +275,15 @@ export function buildModel(input: ModelInput): Model {
   };
 }
 
-export function comparePlans(a: ServicePortPlan, b: ServicePortPlan): number {
+export function compareServedPorts(a: ServedPort, b: ServedPort): number {
   return compareText(a.key, b.key);
 }
 
-export function planFamily(plan: ServicePortPlan): Family {
-  return plan.key.startsWith('ipv4/') ? 'ipv4' : 'ipv6';
+export function servedFamily(served: ServedPort): Family {
+  return served.key.startsWith('ipv4/') ? 'ipv4' : 'ipv6';
 }
 
-/** Shared by every plan without source ranges; nothing changes model arrays. */
+/** Shared by every served port without source ranges; nothing changes model arrays. */
 const NONE: never[] = Object.freeze([]) as never[];
 
 /** Appends to a list that starts as NONE: most lists here hold one item, and a literal of one is exactly its size. */
@@ -391,7 +396,7 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
       if (!frontends) continue;
       insertionSort(frontends, compareFrontends);
       const restrictSources = ranges.restrict && !ranges.open[family];
-      const plan: ServicePortPlan = {
+      const served: ServedPort = {
         key: [family, '/', service, '/', portLabel, '/', proto].join(''),
         comment,
         protocol: proto,
@@ -401,10 +406,10 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
         restrictSources,
         masquerade: !local,
       };
-      out.plans = append(out.plans, plan);
+      out.servedPorts = append(out.servedPorts, served);
       for (let k = 0; k < frontends.length; k++) {
         const frontend = frontends[k]!;
-        out.claims = append(out.claims, { plan, owner, portLabel, frontend, key: frontendKey(ctx, frontend.address, proto, frontend.port) });
+        out.claims = append(out.claims, { served, owner, portLabel, frontend, key: frontendKey(ctx, frontend.address, proto, frontend.port) });
       }
     }
   }
@@ -412,7 +417,7 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
 
 type Ranges = Record<Family, string[]> & { restrict: boolean; open: Record<Family, boolean> };
 
-/** Shared by every Service without ranges; plans never hand its arrays out (they are not restricted). */
+/** Shared by every Service without ranges; served ports never hand its arrays out (they are not restricted). */
 const NO_RANGES: Ranges = Object.freeze({ ipv4: NONE, ipv6: NONE, restrict: false, open: { ipv4: false, ipv6: false } });
 
 function sourceRanges(svc: V1Service): Ranges | { bad: string } {
@@ -570,7 +575,7 @@ function distinct(sorted: Endpoint[], from: number, to: number): Endpoint[] {
   return list.slice();
 }
 
-/** Lists here are short (a Service's endpoints, a plan's frontends), where the built-in sort's setup costs more than the sorting. */
+/** Lists here are short (a Service's endpoints, a served port's frontends), where the built-in sort's setup costs more than the sorting. */
 function insertionSort<T>(list: T[], compare: (a: T, b: T) => number): void {
   if (list.length > 32) {
     list.sort(compare);
@@ -589,10 +594,10 @@ function insertionSort<T>(list: T[], compare: (a: T, b: T) => number): void {
 
 /**
  * Orders the claims on one frontend, best first, and returns the winner: the
- * oldest Service, as the controller decides (then by name and plan key).
+ * oldest Service, as the controller decides (then by name and served port key).
  */
 export function rankClaims(list: Claim[]): Claim {
-  if (list.length > 1) list.sort((a, b) => a.owner.created - b.owner.created || compareText(a.owner.id, b.owner.id) || compareText(a.plan.key, b.plan.key));
+  if (list.length > 1) list.sort((a, b) => a.owner.created - b.owner.created || compareText(a.owner.id, b.owner.id) || compareText(a.served.key, b.served.key));
   return list[0]!;
 }
 
@@ -602,12 +607,12 @@ export function conflictProblems(ranked: readonly Claim[]): Problem[] {
   const winner = ranked[0]!;
   for (let i = 1; i < ranked.length; i++) {
     const l = ranked[i]!;
-    if (l.owner.id === winner.owner.id && l.plan.key === winner.plan.key) continue;
+    if (l.owner.id === winner.owner.id && l.served.key === winner.served.key) continue;
     out.push({
       service: l.owner.id,
       port: l.portLabel,
       reason: 'FrontendConflict',
-      message: `Service ${l.owner.id} port ${l.portLabel}: ${l.frontend.address} ${l.plan.protocol} ${l.frontend.port} is already served for ${winner.owner.id}; not served here`,
+      message: `Service ${l.owner.id} port ${l.portLabel}: ${l.frontend.address} ${l.served.protocol} ${l.frontend.port} is already served for ${winner.owner.id}; not served here`,
     });
   }
   return out;

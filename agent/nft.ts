@@ -37,7 +37,7 @@
 // backend does. The agent reports such a policy instead.
 import type { Family } from '../lib/contract.ts';
 import { parseCidr } from '../lib/address.ts';
-import { compareText, type FamilyModel, type Protocol, type ServicePortPlan } from './model.ts';
+import { compareText, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
 
 export const NFT_TABLE = 'pier';
 export const NFT_FAMILY: Record<Family, 'ip' | 'ip6'> = { ipv4: 'ip', ipv6: 'ip6' };
@@ -90,8 +90,8 @@ export function nftCounts(r: NftRuleset): { rules: number; chains: number } {
 
 const endpointsMap = (i: number) => `endpoints-${i}`;
 
-/** What one plan adds to its family's table. */
-interface PlanNft {
+/** What one served port adds to its family's table. */
+interface ServedNft {
   items: [string, string, string][];
   spread: number;
 }
@@ -112,10 +112,10 @@ export interface NftUpdate {
 }
 
 /**
- * The table as changes: each update takes the model's plans, compares them
- * by identity with the last update's (the pipeline hands out the same plan
+ * The table as changes: each update takes the model's served ports, compares them
+ * by identity with the last update's (the pipeline hands out the same served port
  * object while its Service and slices do not change), and edits the state
- * and the transaction for only the plans that came or went. A new renderer's
+ * and the transaction for only the served ports that came or went. A new renderer's
  * first update is the whole table, added to an empty one. At 10,000 ports
  * rebuilding the sets and comparing them whole cost ~65 ms per sync
  * (bench/agent.ts, "nftables ... no-op sync"), more than nft itself.
@@ -125,7 +125,7 @@ export interface NftUpdate {
  */
 export class NftRenderer {
   private readonly state: NftRuleset;
-  private plans = new Map<ServicePortPlan, PlanNft>();
+  private servedPorts = new Map<ServedPort, ServedNft>();
   private model: FamilyModel | undefined;
   private version = 0;
 
@@ -138,12 +138,12 @@ export class NftRenderer {
     if (model === this.model) return { state: this.state, version: since, since, delta: '' };
     if (model.family !== this.state.family) throw new Error(`an ${this.state.family} renderer was given an ${model.family} model`);
     this.model = model;
-    const next = new Map<ServicePortPlan, PlanNft>();
-    for (const plan of model.ports) next.set(plan, this.plans.get(plan) ?? planNft(plan, model.family));
+    const next = new Map<ServedPort, ServedNft>();
+    for (const served of model.ports) next.set(served, this.servedPorts.get(served) ?? servedNft(served, model.family));
     const edit = new Edit(this.state);
-    for (const [plan, p] of this.plans) if (!next.has(plan)) edit.apply(p, -1);
-    for (const [plan, p] of next) if (!this.plans.has(plan)) edit.apply(p, +1);
-    this.plans = next;
+    for (const [served, p] of this.servedPorts) if (!next.has(served)) edit.apply(p, -1);
+    for (const [served, p] of next) if (!this.servedPorts.has(served)) edit.apply(p, +1);
+    this.servedPorts = next;
     const delta = edit.script();
     if (delta !== '') this.version++;
     return { state: this.state, version: this.version, since, delta };
@@ -163,8 +163,8 @@ class Edit {
     this.widthBefore = width(r);
   }
 
-  /** Adds (+1) or removes (-1) one plan's elements. Removals come first: a key may pass from one plan to another. */
-  apply(p: PlanNft, sign: 1 | -1): void {
+  /** Adds (+1) or removes (-1) one served port's elements. Removals come first: a key may pass from one served port to another. */
+  apply(p: ServedNft, sign: 1 | -1): void {
     for (const [set, key, rest] of p.items) {
       let was = this.before.get(set);
       if (!was) this.before.set(set, (was = new Map()));
@@ -226,26 +226,26 @@ export function renderNft(model: FamilyModel, markBit: number): NftRuleset {
   return new NftRenderer(model.family, markBit).update(model).state;
 }
 
-function planNft(plan: ServicePortPlan, family: Family): PlanNft {
-  const proto = PROTO[plan.protocol];
-  const keys = plan.frontends.map((f) => `${f.address} . ${proto} . ${f.port}`);
-  const items: PlanNft['items'] = [];
-  if (plan.endpoints.length === 0) {
+function servedNft(served: ServedPort, family: Family): ServedNft {
+  const proto = PROTO[served.protocol];
+  const keys = served.frontends.map((f) => `${f.address} . ${proto} . ${f.port}`);
+  const items: ServedNft['items'] = [];
+  if (served.endpoints.length === 0) {
     for (const k of keys) items.push(['no-endpoints', k, '']);
     return { items, spread: 0 };
   }
-  const eps = [...plan.endpoints].sort((a, b) => compareText(a.address, b.address) || a.port - b.port);
-  const comment = ` comment "${plan.comment.slice(0, MAX_NFT_COMMENT)}"`;
+  const eps = [...served.endpoints].sort((a, b) => compareText(a.address, b.address) || a.port - b.port);
+  const comment = ` comment "${served.comment.slice(0, MAX_NFT_COMMENT)}"`;
   for (const k of keys) {
     items.push(['services', k, `${comment} : goto spread-${eps.length}`]);
     eps.forEach((e, i) => items.push([endpointsMap(i), k, ` : ${e.address} . ${e.port}`]));
-    if (plan.masquerade) items.push(['masquerading', k, '']);
+    if (served.masquerade) items.push(['masquerading', k, '']);
     // Local keeps the client's address, except for a pod reaching itself
     // through the frontend: its reply must come back through this node.
     else for (const a of new Set(eps.map((e) => e.address))) items.push(['hairpin', `${k} . ${a}`, '']);
-    if (plan.restrictSources) {
+    if (served.restrictSources) {
       items.push(['restricted', k, '']);
-      for (const r of outermost(plan.sourceRanges, family)) items.push(['allowed', `${k} . ${r}`, '']);
+      for (const r of outermost(served.sourceRanges, family)) items.push(['allowed', `${k} . ${r}`, '']);
     }
   }
   return { items, spread: eps.length };

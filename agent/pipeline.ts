@@ -6,9 +6,9 @@
 // and hand out the very same object while it does not, and nothing in the
 // agent mutates them. So a Service's share of the model is kept per Service
 // object (with the identities of its slices), a port's rule texts until its
-// plan object changes, and a tree chain until a port in its range changes.
+// served port object changes, and a tree chain until a port in its range changes.
 // What spans Services is redone, but only where the changes reach: the claims
-// on a changed frontend, the plans whose frontends moved, the chains on a
+// on a changed frontend, the served ports whose frontends moved, the chains on a
 // changed port's path. Unchanged parts keep their identity all the way to the
 // ruleset, so the applier's diff skips an unchanged chain with one
 // comparison, and a sync with no change at all returns the previous model and
@@ -20,7 +20,7 @@
 // ruleset holds anyway (~0.55 KB).
 //
 // Anything the incremental bookkeeping does not expect (two Services with one
-// name, two plans with one key, two plans on one port: none of which the
+// name, two served ports with one key, two served ports on one port: none of which the
 // informers or buildModel produce) is answered by the pure functions, and the
 // caches start over.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
@@ -28,12 +28,12 @@ import type { Family } from '../lib/contract.ts';
 import { safely } from '../lib/objects.ts';
 import {
   buildModel,
-  comparePlans,
+  compareServedPorts,
   conflictProblems,
   dedupeProblems,
   isPierService,
   modelContext,
-  planFamily,
+  servedFamily,
   rankClaims,
   serviceOwner,
   serviceResult,
@@ -47,7 +47,7 @@ import {
   type Problem,
   type Protocol,
   type ServiceIdentity,
-  type ServicePortPlan,
+  type ServedPort,
   type ServiceResult,
 } from './model.ts';
 import {
@@ -55,15 +55,15 @@ import {
   buildGroupTree,
   compareGroups,
   fixedRules,
-  planEntries,
+  servedEntries,
   perTree,
-  planRules,
+  servedRules,
   renderRuleset,
   sameStrings,
   treeTable,
   TREES,
   type GroupTree,
-  type PlanRules,
+  type ServedRules,
   type PortEntry,
   type RenderConfig,
   type Ruleset,
@@ -126,10 +126,10 @@ export class SyncPipeline {
       const result = this.incrementalModel.warm(ctxInput, svc, slices);
       if (!result) return;
       // Only the families the first sync renders: what is prepared is kept until then.
-      for (let i = 0; i < result.plans.length; i++) {
-        const plan = result.plans[i]!;
-        const family = planFamily(plan);
-        if (plan.frontends.length > 0 && families.includes(family)) this.renderers[family].prepare(plan);
+      for (let i = 0; i < result.servedPorts.length; i++) {
+        const served = result.servedPorts[i]!;
+        const family = servedFamily(served);
+        if (served.frontends.length > 0 && families.includes(family)) this.renderers[family].prepare(served);
       }
     } catch (err) {
       // Nothing is lost: the first sync computes what is missing.
@@ -163,8 +163,8 @@ interface Live {
   /** The slices `result` was made from: one, several, or none. */
   slices: SliceSet;
   result: ServiceResult | undefined;
-  /** result.plans as the model shows them: the same objects unless a conflict cost them a frontend. */
-  finals: readonly ServicePortPlan[];
+  /** result.servedPorts as the model shows them: the same objects unless a conflict cost them a frontend. */
+  finals: readonly ServedPort[];
   /** The update that last saw it. */
   stamp: number;
   /** Still in the model. */
@@ -194,8 +194,8 @@ class IncrementalModel {
   /** Claims per frontend key, ranked: the first serves the frontend. */
   private claims = new Map<number, Claim[]>();
   private conflicts = new Map<number, Problem[]>();
-  /** The model's plans per family, sorted by key: those with frontends. Replaced, never changed in place. */
-  private sorted: Record<Family, ServicePortPlan[]> = { ipv4: [], ipv6: [] };
+  /** The model's served ports per family, sorted by key: those with frontends. Replaced, never changed in place. */
+  private sorted: Record<Family, ServedPort[]> = { ipv4: [], ipv6: [] };
   private withProblems = new Set<ServiceResult>();
   private last: Model | undefined;
 
@@ -287,7 +287,7 @@ class IncrementalModel {
 
     const changed: Live[] = [];
     const dropped: ServiceResult[] = [];
-    const droppedFinals: ServicePortPlan[] = [];
+    const droppedFinals: ServedPort[] = [];
     const drop = (live: Live) => {
       if (!live.result) return;
       dropped.push(live.result);
@@ -369,25 +369,25 @@ class IncrementalModel {
     });
     this.claims = claims;
     this.conflicts = conflicts;
-    const sorted: Record<Family, ServicePortPlan[]> = { ipv4: [], ipv6: [] };
+    const sorted: Record<Family, ServedPort[]> = { ipv4: [], ipv6: [] };
     this.live.forEach((live) => {
       const finals = (live.finals = this.finalsOf(live.result!, live.finals));
       for (let i = 0; i < finals.length; i++) {
         const f = finals[i]!;
-        if (f.frontends.length > 0) sorted[planFamily(f)].push(f);
+        if (f.frontends.length > 0) sorted[servedFamily(f)].push(f);
       }
     });
     for (const family of FAMILY_LIST) {
-      const list = sorted[family].sort(comparePlans);
-      // buildModel keeps the first of two plans with one key, by its order of Services.
-      for (let i = 1; i < list.length; i++) if (list[i - 1]!.key === list[i]!.key) throw new Unexpected(`two plans with key ${list[i]!.key}`);
+      const list = sorted[family].sort(compareServedPorts);
+      // buildModel keeps the first of two served ports with one key, by its order of Services.
+      for (let i = 1; i < list.length; i++) if (list[i - 1]!.key === list[i]!.key) throw new Unexpected(`two served ports with key ${list[i]!.key}`);
     }
     this.sorted = sorted;
     return this.model(new Set(FAMILY_LIST), true);
   }
 
-  /** Only what the changed Services reach: their claims' frontends, and the plans whose frontends moved. */
-  private apply(changed: Live[], dropped: ServiceResult[], droppedFinals: ServicePortPlan[]): Model {
+  /** Only what the changed Services reach: their claims' frontends, and the served ports whose frontends moved. */
+  private apply(changed: Live[], dropped: ServiceResult[], droppedFinals: ServedPort[]): Model {
     /** Frontend keys whose claims changed, with the claim that served them before. */
     const dirty = new Map<number, Claim | undefined>();
     let problemsChanged = false;
@@ -397,7 +397,7 @@ class IncrementalModel {
         const list = this.claims.get(c.key)!;
         if (!dirty.has(c.key)) dirty.set(c.key, list[0]);
         const at = list.indexOf(c);
-        if (at < 0) throw new Unexpected(`claim on ${c.frontend.address} ${c.plan.protocol} ${c.frontend.port} is not where it should be`);
+        if (at < 0) throw new Unexpected(`claim on ${c.frontend.address} ${c.served.protocol} ${c.frontend.port} is not where it should be`);
         list.splice(at, 1);
       }
     }
@@ -436,8 +436,8 @@ class IncrementalModel {
       problemsChanged ||= hadConflicts || lost.length > 0;
     }
 
-    const removed = new Set<ServicePortPlan>();
-    const added: ServicePortPlan[] = [];
+    const removed = new Set<ServedPort>();
+    const added: ServedPort[] = [];
     for (const f of droppedFinals) if (f.frontends.length > 0) removed.add(f);
     for (const live of refresh) {
       const before = live.finals;
@@ -452,46 +452,46 @@ class IncrementalModel {
       live.finals = finals;
     }
     const families = new Set<Family>();
-    for (const f of removed) families.add(planFamily(f));
-    for (const f of added) families.add(planFamily(f));
+    for (const f of removed) families.add(servedFamily(f));
+    for (const f of added) families.add(servedFamily(f));
     for (const family of families) {
-      this.sorted[family] = mergePlans(
+      this.sorted[family] = mergeServed(
         this.sorted[family],
         removed,
-        added.filter((f) => planFamily(f) === family),
+        added.filter((f) => servedFamily(f) === family),
       );
     }
     return this.model(families, problemsChanged);
   }
 
   /**
-   * A result's plans without the frontends other Services won: the plans
+   * A result's served ports without the frontends other Services won: the served ports
    * themselves when they lost none (the common case), else copies, the
    * previous copy when nothing moved since.
    */
-  private finalsOf(r: ServiceResult, before: readonly ServicePortPlan[]): readonly ServicePortPlan[] {
-    let finals: ServicePortPlan[] | undefined;
-    // serviceResult lists claims plan by plan, each plan's in its frontends' order.
+  private finalsOf(r: ServiceResult, before: readonly ServedPort[]): readonly ServedPort[] {
+    let finals: ServedPort[] | undefined;
+    // serviceResult lists claims port by port, each served port's in its frontends' order.
     let ci = 0;
-    for (let pi = 0; pi < r.plans.length; pi++) {
-      const plan = r.plans[pi]!;
+    for (let pi = 0; pi < r.servedPorts.length; pi++) {
+      const served = r.servedPorts[pi]!;
       let won: Frontend[] | undefined;
-      for (let k = 0; ci < r.claims.length && r.claims[ci]!.plan === plan; ci++, k++) {
+      for (let k = 0; ci < r.claims.length && r.claims[ci]!.served === served; ci++, k++) {
         const c = r.claims[ci]!;
         const wins = this.claims.get(c.key)![0] === c;
-        if (!wins && !won) won = plan.frontends.slice(0, k);
+        if (!wins && !won) won = served.frontends.slice(0, k);
         else if (wins && won) won.push(c.frontend);
       }
-      let final = plan;
+      let final = served;
       if (won) {
         const prev = before[pi];
-        final = prev && prev !== plan && sameFrontends(prev.frontends, won) ? prev : { ...plan, frontends: won };
+        final = prev && prev !== served && sameFrontends(prev.frontends, won) ? prev : { ...served, frontends: won };
       }
-      if (final !== plan && !finals) finals = r.plans.slice(0, pi);
+      if (final !== served && !finals) finals = r.servedPorts.slice(0, pi);
       finals?.push(final);
     }
-    if (ci !== r.claims.length) throw new Unexpected('claims out of plan order');
-    return finals ?? r.plans;
+    if (ci !== r.claims.length) throw new Unexpected('claims out of order');
+    return finals ?? r.servedPorts;
   }
 
   private model(families: ReadonlySet<Family>, problemsChanged: boolean): Model {
@@ -538,9 +538,9 @@ function sameFrontends(a: readonly Frontend[], b: readonly Frontend[]): boolean 
 }
 
 /** `list` without `drop`, with `add`: a new array, sorted by key. */
-function mergePlans(list: readonly ServicePortPlan[], drop: ReadonlySet<ServicePortPlan>, add: ServicePortPlan[]): ServicePortPlan[] {
-  add.sort(comparePlans);
-  const out: ServicePortPlan[] = [];
+function mergeServed(list: readonly ServedPort[], drop: ReadonlySet<ServedPort>, add: ServedPort[]): ServedPort[] {
+  add.sort(compareServedPorts);
+  const out: ServedPort[] = [];
   let i = 0;
   let j = 0;
   while (i < list.length || j < add.length) {
@@ -550,9 +550,9 @@ function mergePlans(list: readonly ServicePortPlan[], drop: ReadonlySet<ServiceP
       continue;
     }
     const b = add[j];
-    // buildModel keeps the first of two plans with one key, by its order of Services.
-    if (a && b && a.key === b.key) throw new Unexpected(`two plans with key ${b.key}`);
-    if (b && j > 0 && add[j - 1]!.key === b.key) throw new Unexpected(`two plans with key ${b.key}`);
+    // buildModel keeps the first of two served ports with one key, by its order of Services.
+    if (a && b && a.key === b.key) throw new Unexpected(`two served ports with key ${b.key}`);
+    if (b && j > 0 && add[j - 1]!.key === b.key) throw new Unexpected(`two served ports with key ${b.key}`);
     if (a && (!b || a.key < b.key)) {
       out.push(a);
       i++;
@@ -576,19 +576,19 @@ interface Group {
   tree: GroupTree | undefined;
 }
 
-/** What a renderer takes of a plan: its own chains, and its entries in each tree it appears in. */
-interface RenderedPlan {
-  own: PlanRules['own'];
+/** What a renderer takes of a served port: its own chains, and its entries in each tree it appears in. */
+interface RenderedPort {
+  own: ServedRules['own'];
   entries: Partial<Record<TreeName, readonly PortEntry[]>>;
 }
 
-function renderPlan(plan: ServicePortPlan, family: Family, markBit: number): RenderedPlan {
-  const r = planRules(plan, family, markBit);
-  const entries: RenderedPlan['entries'] = {};
+function renderPort(served: ServedPort, family: Family, markBit: number): RenderedPort {
+  const r = servedRules(served, family, markBit);
+  const entries: RenderedPort['entries'] = {};
   for (let t = 0; t < TREES.length; t++) {
     const tree = TREES[t]!;
     const rules = r.trees[tree];
-    if (rules) entries[tree] = planEntries(plan, tree, rules);
+    if (rules) entries[tree] = servedEntries(served, tree, rules);
   }
   return { own: r.own, entries };
 }
@@ -608,8 +608,8 @@ class IncrementalRenderer {
   /** Each tree's root chain as last assembled. */
   private roots = perTree((): string[] => []);
   private own: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
-  /** Plans rendered ahead of the first update (SyncPipeline.warm); none after it. */
-  private prepared: WeakMap<ServicePortPlan, RenderedPlan> | undefined = new WeakMap();
+  /** Served ports rendered ahead of the first update (SyncPipeline.warm); none after it. */
+  private prepared: WeakMap<ServedPort, RenderedPort> | undefined = new WeakMap();
 
   constructor(family: Family, config: RenderConfig) {
     this.family = family;
@@ -625,9 +625,9 @@ class IncrementalRenderer {
     this.prepared = undefined;
   }
 
-  /** A plan the first update will add, rendered ahead. */
-  prepare(plan: ServicePortPlan): void {
-    this.prepared?.set(plan, renderPlan(plan, this.family, this.config.markBit));
+  /** A served port the first update will add, rendered ahead. */
+  prepare(served: ServedPort): void {
+    this.prepared?.set(served, renderPort(served, this.family, this.config.markBit));
   }
 
   update(model: FamilyModel): Ruleset {
@@ -639,10 +639,10 @@ class IncrementalRenderer {
     const after = model.ports;
     // Both sorted by key (buildModel's order); anything else is not a model
     // this bookkeeping can follow.
-    for (let i = 1; i < after.length; i++) if (!(after[i - 1]!.key < after[i]!.key)) throw new Unexpected('plans not sorted by key');
+    for (let i = 1; i < after.length; i++) if (!(after[i - 1]!.key < after[i]!.key)) throw new Unexpected('served ports not sorted by key');
 
-    const removed: ServicePortPlan[] = [];
-    const added: ServicePortPlan[] = [];
+    const removed: ServedPort[] = [];
+    const added: ServedPort[] = [];
     let i = 0;
     let j = 0;
     while (i < before.length || j < after.length) {
@@ -667,29 +667,29 @@ class IncrementalRenderer {
     const edits = perTree(() => new Map<Group, GroupEdit>());
     this.lastEdit = {};
     const retired: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
-    for (const plan of removed) {
+    for (const served of removed) {
       // Rendered again to learn where it was: cheaper than keeping every
-      // plan's rules for the few that go.
-      const r = planRules(plan, this.family, markBit);
+      // served port's rules for the few that go.
+      const r = servedRules(served, this.family, markBit);
       for (const c of r.own) {
         retired[c.table].set(c.name, this.own[c.table].get(c.name)!);
         this.own[c.table].delete(c.name);
       }
       for (const tree of TREES) {
         if (!r.trees[tree]) continue;
-        for (const f of plan.frontends) this.edit(edits[tree], tree, f.address, plan.protocol).drop.add(f.port);
+        for (const f of served.frontends) this.edit(edits[tree], tree, f.address, served.protocol).drop.add(f.port);
       }
     }
-    // Indexed loops: on a cold sync this runs for every plan (see model.ts).
+    // Indexed loops: on a cold sync this runs for every served port (see model.ts).
     const prepared = this.prepared;
     this.prepared = undefined;
     for (let p = 0; p < added.length; p++) {
-      const plan = added[p]!;
-      const r = prepared?.get(plan) ?? renderPlan(plan, this.family, markBit);
+      const served = added[p]!;
+      const r = prepared?.get(served) ?? renderPort(served, this.family, markBit);
       for (let k = 0; k < r.own.length; k++) {
         const c = r.own[k]!;
         if (this.own[c.table].has(c.name)) throw new Unexpected(`chain ${c.name} twice`);
-        // The same rules under the same name (the plan changed elsewhere)
+        // The same rules under the same name (the served port changed elsewhere)
         // keep the array the applier last wrote.
         const old = retired[c.table].get(c.name);
         this.own[c.table].set(c.name, old && sameStrings(old, c.rules) ? old : c.rules);
@@ -698,7 +698,7 @@ class IncrementalRenderer {
         const tree = TREES[t]!;
         const entries = r.entries[tree];
         if (!entries) continue;
-        for (let k = 0; k < entries.length; k++) this.edit(edits[tree], tree, plan.frontends[k]!.address, plan.protocol).add.push(entries[k]!);
+        for (let k = 0; k < entries.length; k++) this.edit(edits[tree], tree, served.frontends[k]!.address, served.protocol).add.push(entries[k]!);
       }
     }
 
@@ -737,7 +737,7 @@ class IncrementalRenderer {
     }));
   }
 
-  /** Per tree, the group edit of the previous edit() call in this update: consecutive plans mostly share a group. */
+  /** Per tree, the group edit of the previous edit() call in this update: consecutive served ports mostly share a group. */
   private lastEdit: Partial<Record<TreeName, { address: string; protocol: Protocol; edit: GroupEdit }>> = {};
 
   /** The pending edit of the group of (address, protocol) in a tree. */
@@ -774,8 +774,8 @@ function mergeEntries(list: readonly PortEntry[], edit: GroupEdit, track: boolea
       continue;
     }
     const b = add[j];
-    // The model gives each frontend to one plan.
-    if (b && ((a && a.port === b.port) || (j > 0 && add[j - 1]!.port === b.port))) throw new Unexpected(`two plans on port ${b.port}`);
+    // The model gives each frontend to one served port.
+    if (b && ((a && a.port === b.port) || (j > 0 && add[j - 1]!.port === b.port))) throw new Unexpected(`two served ports on port ${b.port}`);
     if (a && (!b || a.port < b.port)) {
       entries.push(a);
       i++;

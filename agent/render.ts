@@ -44,7 +44,7 @@
 // change reaches; renderRuleset is the same pieces run once, from scratch.
 import { createHash } from 'node:crypto';
 import type { Family } from '../lib/contract.ts';
-import { compareAddresses, compareText, type Endpoint, type FamilyModel, type Protocol, type ServicePortPlan } from './model.ts';
+import { compareAddresses, compareText, type Endpoint, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
 
 export type TableName = 'nat' | 'filter';
 export const TABLES: readonly TableName[] = ['nat', 'filter'];
@@ -285,7 +285,7 @@ const TREE: Record<TreeName, { kind: TreeKind; prefix: string; table: TableName 
 
 /**
  * One rule of a port, before the tree adds the matches that select the port
- * (and, at a tree's root, its address and protocol). Made while a plan is
+ * (and, at a tree's root, its address and protocol). Made while a served port is
  * rendered, not kept: what is kept is the text (PortEntry.inner).
  */
 export interface PortRule {
@@ -306,14 +306,14 @@ export interface PortEntry {
   /** The rule texts for this port inside a range chain: the very strings the chain holds. */
   inner: string[];
   /** Where they come from: the few rules that sit at a tree's root are formatted again from it. */
-  plan: ServicePortPlan;
+  served: ServedPort;
 }
 
-/** What one plan contributes to a family's ruleset. */
-export interface PlanRules {
+/** What one served port contributes to a family's ruleset. */
+export interface ServedRules {
   /** Its rules in each tree it appears in. */
   trees: Partial<Record<TreeName, readonly PortRule[]>>;
-  /** Chains of the plan's own (PIER-SVC-, PIER-SRC-), by table. */
+  /** Chains of the served port's own (PIER-SVC-, PIER-SRC-), by table. */
   own: { table: TableName; name: string; rules: string[] }[];
 }
 
@@ -321,13 +321,13 @@ function portRule(comment: string, target: string, s = '', origsrc = '', statist
   return { s, origsrc, comment, statistic, target };
 }
 
-/** The rules of one plan, for every tree it appears in. Pure. */
-export function planRules(plan: ServicePortPlan, family: Family, markBit: number): PlanRules {
+/** The rules of one served port, for every tree it appears in. Pure. */
+export function servedRules(served: ServedPort, family: Family, markBit: number): ServedRules {
   const text = FAMILY_TEXT[family];
-  const comment = saveString(plan.comment);
-  const proto = PROTO[plan.protocol].name;
-  const endpoints = sortedEndpoints(plan.endpoints);
-  const own: PlanRules['own'] = [];
+  const comment = saveString(served.comment);
+  const proto = PROTO[served.protocol].name;
+  const endpoints = sortedEndpoints(served.endpoints);
+  const own: ServedRules['own'] = [];
   if (endpoints.length === 0) return { trees: { noEndpoints: [portRule(comment, text.rejectTarget)] }, own };
 
   // nat: mark what must be masqueraded, then DNAT, spread when several.
@@ -335,9 +335,9 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
   // Local keeps the client's address, except when a pod reaches itself
   // through the load balancer: without masquerade its reply would not come
   // back through this node's conntrack.
-  const marks = plan.masquerade ? 1 : endpoints.length;
+  const marks = served.masquerade ? 1 : endpoints.length;
   let nat = new Array<PortRule>(marks + endpoints.length);
-  if (plan.masquerade) nat[0] = portRule(comment, markTarget);
+  if (served.masquerade) nat[0] = portRule(comment, markTarget);
   else for (let i = 0; i < endpoints.length; i++) nat[i] = portRule(comment, markTarget, text.host(endpoints[i]!.address));
   for (let i = 0; i < endpoints.length; i++) {
     const spread = i < endpoints.length - 1 ? statistic(endpoints.length - i) : '';
@@ -346,18 +346,18 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
   // A port whose rules are few sits in the dispatch tree; one chain per port
   // would make every full restore pay for a user chain.
   if (nat.length > PORT_CHAIN_RULES) {
-    const name = chainName('PIER-SVC-', `svc|${plan.key}`);
+    const name = chainName('PIER-SVC-', `svc|${served.key}`);
     const rules = nat.map((r, i) => (i < marks ? `${r.s ? `-s ${r.s} ` : ''}-m comment --comment ${comment} -j ${r.target}` : `-p ${proto} -m comment --comment ${comment}${r.statistic} -j ${r.target}`));
     own.push({ table: 'nat', name, rules });
     nat = [portRule(comment, name)];
   }
 
   // filter: accept the DNATed connection, checking its source when restricted.
-  if (!plan.restrictSources) return { trees: { nat, forward: [portRule(comment, ACCEPT_CHAIN)] }, own };
-  const forward = sourceCheck(plan, comment, text, FORWARD_CHECK, own);
+  if (!served.restrictSources) return { trees: { nat, forward: [portRule(comment, ACCEPT_CHAIN)] }, own };
+  const forward = sourceCheck(served, comment, text, FORWARD_CHECK, own);
   // sources: the same ranges for connections FORWARD does not see; an
   // allowed one goes on to the host's own rules.
-  const sources = sourceCheck(plan, comment, text, SOURCES_CHECK, own);
+  const sources = sourceCheck(served, comment, text, SOURCES_CHECK, own);
   return { trees: { nat, forward, sources }, own };
 }
 
@@ -365,7 +365,7 @@ export function planRules(plan: ServicePortPlan, family: Family, markBit: number
 interface SourceCheck {
   allow: typeof ACCEPT_CHAIN | 'RETURN';
   prefix: string;
-  /** Hashed with the plan's key into the chain's name. */
+  /** Hashed with the served port's key into the chain's name. */
   seed: string;
 }
 /** FORWARD accepts, even under a DROP policy. */
@@ -374,18 +374,18 @@ const FORWARD_CHECK: SourceCheck = { allow: ACCEPT_CHAIN, prefix: 'PIER-SRC-', s
 const SOURCES_CHECK: SourceCheck = { allow: 'RETURN', prefix: 'PIER-LSRC-', seed: 'lsrc' };
 
 /** A restricted port's source check in one tree: `allow` for each listed range, DROP for the rest. */
-function sourceCheck(plan: ServicePortPlan, comment: string, text: FamilyText, check: SourceCheck, own: PlanRules['own']): PortRule[] {
-  const rules = [...plan.sourceRanges.map((cidr) => portRule(comment, check.allow, '', text.ctNet(cidr))), portRule(comment, 'DROP')];
+function sourceCheck(served: ServedPort, comment: string, text: FamilyText, check: SourceCheck, own: ServedRules['own']): PortRule[] {
+  const rules = [...served.sourceRanges.map((cidr) => portRule(comment, check.allow, '', text.ctNet(cidr))), portRule(comment, 'DROP')];
   if (rules.length <= PORT_CHAIN_RULES) return rules;
-  const name = chainName(check.prefix, `${check.seed}|${plan.key}`);
+  const name = chainName(check.prefix, `${check.seed}|${served.key}`);
   // No port to match in the port's own chain: the tree did.
   own.push({ table: 'filter', name, rules: rules.map((r) => `-m comment --comment ${comment}${r.origsrc ? ` -m conntrack --ctorigsrc ${r.origsrc}` : ''} -j ${r.target}`) });
   return [portRule(comment, name)];
 }
 
-/** A plan's entries in one tree, one per frontend, with their text for a range chain. */
-export function planEntries(plan: ServicePortPlan, tree: TreeName, rules: readonly PortRule[]): PortEntry[] {
-  return plan.frontends.map((f) => ({ port: f.port, inner: portTexts(tree, plan.protocol, rules, f.port, undefined), plan }));
+/** A served port's entries in one tree, one per frontend, with their text for a range chain. */
+export function servedEntries(served: ServedPort, tree: TreeName, rules: readonly PortRule[]): PortEntry[] {
+  return served.frontends.map((f) => ({ port: f.port, inner: portTexts(tree, served.protocol, rules, f.port, undefined), served }));
 }
 
 /**
@@ -495,8 +495,8 @@ export function buildGroupTree(
     for (let k = i; k < j; k++) {
       const e = entries[k]!;
       // Only a group of a few rules sits in the root chain: formatting its
-      // plans' rules again costs less than keeping them.
-      const texts = atRoot ? portTexts(tree, protocol, planRules(e.plan, family, markBit).trees[tree]!, e.port, kind === 'dst' ? host : address) : e.inner;
+      // served ports' rules again costs less than keeping them.
+      const texts = atRoot ? portTexts(tree, protocol, servedRules(e.served, family, markBit).trees[tree]!, e.port, kind === 'dst' ? host : address) : e.inner;
       for (const t of texts) rules.push(t);
     }
   };
@@ -684,7 +684,7 @@ export interface RulesetParts {
   noEndpoints: string[];
   /** PIER-SOURCES: its head, then the sources tree's root. */
   sources: string[];
-  /** Every tree chain and every plan's own chain, by table. */
+  /** Every tree chain and every served port's own chain, by table. */
   chains: Record<TableName, Iterable<[string, string[]]>>;
 }
 
@@ -714,19 +714,19 @@ export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset
   const family = model.family;
   const groups = perTree(() => new Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>());
   const chains: Record<TableName, [string, string[]][]> = { nat: [], filter: [] };
-  const plans = [...model.ports].sort((a, b) => compareText(a.key, b.key));
-  for (const plan of plans) {
-    const r = planRules(plan, family, config.markBit);
+  const servedPorts = [...model.ports].sort((a, b) => compareText(a.key, b.key));
+  for (const served of servedPorts) {
+    const r = servedRules(served, family, config.markBit);
     for (const c of r.own) chains[c.table].push([c.name, c.rules]);
     for (const tree of TREES) {
       const rules = r.trees[tree];
       if (!rules) continue;
-      const entries = planEntries(plan, tree, rules);
+      const entries = servedEntries(served, tree, rules);
       for (let i = 0; i < entries.length; i++) {
-        const f = plan.frontends[i]!;
-        const k = `${f.address}|${plan.protocol}`;
+        const f = served.frontends[i]!;
+        const k = `${f.address}|${served.protocol}`;
         let g = groups[tree].get(k);
-        if (!g) groups[tree].set(k, (g = { address: f.address, protocol: plan.protocol, entries: [] }));
+        if (!g) groups[tree].set(k, (g = { address: f.address, protocol: served.protocol, entries: [] }));
         g.entries.push(entries[i]!);
       }
     }
@@ -734,7 +734,7 @@ export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset
   const roots = perTree((tree) => [...fixed.heads[tree]]);
   for (const tree of TREES) {
     for (const g of [...groups[tree].values()].sort(compareGroups)) {
-      // Stable: two plans on one port (only hand-made models have them) keep their key order.
+      // Stable: two served ports on one port (only hand-made models have them) keep their key order.
       g.entries.sort((a, b) => a.port - b.port);
       const t = buildGroupTree(tree, family, config.markBit, g.address, g.protocol, g.entries);
       for (const r of t.root) roots[tree].push(r);

@@ -13,7 +13,7 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
 import { branches, PROTO_NUMBERS, walk, type Hop, type Packet, type WalkResult } from './interp.ts';
-import { isPierService, parseAddress, PROTOCOLS, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServicePortPlan } from './model.ts';
+import { isPierService, parseAddress, PROTOCOLS, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServedPort } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
 import type { Ruleset, TableName } from './render.ts';
 
@@ -159,15 +159,15 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
   const proto = packet.protocol.toLowerCase() as Packet['proto'];
   const pkt: Packet = { src: client.text, dst: dst.text, proto, dport: packet.port };
   const ct = (dnat: boolean) => ({ new: true, dnat, proto: PROTO_NUMBERS[proto]!, origsrc: client.text, origdst: dst.text, origdport: packet.port });
-  const plan = world.model[family].ports.find((p) => p.protocol === packet.protocol && p.frontends.some((f) => f.address === dst.text && f.port === packet.port));
+  const served = world.model[family].ports.find((p) => p.protocol === packet.protocol && p.frontends.some((f) => f.address === dst.text && f.port === packet.port));
   const base = {
     node: world.nodeName,
     family,
     client: client.text,
     frontend: `${bracket(dst.text, packet.port)}/${packet.protocol}`,
     fromNode,
-    ...(plan ? { service: plan.comment } : {}),
-    problems: relatedProblems(world, dst.text, packet.port, packet.protocol, plan),
+    ...(served ? { service: served.comment } : {}),
+    problems: relatedProblems(world, dst.text, packet.port, packet.protocol, served),
   };
 
   const natEntry = fromNode ? 'OUTPUT' : 'PREROUTING';
@@ -178,7 +178,7 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
     const f = walk(filter, entry, { ...pkt, ct: ct(false) });
     const hops = [...hopsIn('nat', paths[0]!), ...hopsIn('filter', f)];
     if (f.verdict === 'REJECT') {
-      return { ...base, outcome: 'rejected', reason: `${plan?.comment ?? 'the port'} has no usable endpoint: REJECT in ${whereIn(hopsIn('filter', f))} (the client sees "connection refused")`, hops, endpoints: [] };
+      return { ...base, outcome: 'rejected', reason: `${served?.comment ?? 'the port'} has no usable endpoint: REJECT in ${whereIn(hopsIn('filter', f))} (the client sees "connection refused")`, hops, endpoints: [] };
     }
     if (f.verdict === 'DROP') return { ...base, outcome: 'dropped', reason: `dropped in ${whereIn(hopsIn('filter', f))}`, hops, endpoints: [] };
     return { ...base, outcome: 'unserved', reason: unservedReason(world, family, dst.text, packet.port, packet.protocol), hops, endpoints: [] };
@@ -207,7 +207,7 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
       hops.push(...hopsIn('nat', post));
       masqueraded = post.verdict === 'MASQUERADE';
     }
-    const known = plan?.endpoints.find((e: Endpoint) => e.address === to.address && e.port === to.port);
+    const known = served?.endpoints.find((e: Endpoint) => e.address === to.address && e.port === to.port);
     return {
       address: to.address,
       port: to.port,
@@ -221,14 +221,14 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
     };
   });
   const hops = hopsIn('nat', paths[0]!).slice(0, common);
-  const what = plan?.comment ?? 'the frontend';
+  const what = served?.comment ?? 'the frontend';
   const delivered = endpoints.filter((e) => e.outcome === 'delivered');
   if (delivered.length > 0) {
     const masq = delivered.every((e) => e.masqueraded) ? 'masqueraded: the endpoint sees an address of this node' : delivered.some((e) => e.masqueraded) ? 'masqueraded for some endpoints' : `not masqueraded: the endpoint sees the client ${client.text}`;
     return { ...base, outcome: 'delivered', reason: `${what}: DNAT to ${endpoints.length === 1 ? 'its endpoint' : `one of ${endpoints.length} endpoints`}, ${masq}`, hops, endpoints };
   }
   const dropped = endpoints[0]!.outcome;
-  const ranged = plan?.restrictSources ? `: ${client.text} is not in the Service's source ranges (${plan.sourceRanges.join(', ') || `none of ${family}`})` : '';
+  const ranged = served?.restrictSources ? `: ${client.text} is not in the Service's source ranges (${served.sourceRanges.join(', ') || `none of ${family}`})` : '';
   return { ...base, outcome: dropped === 'rejected' ? 'rejected' : 'dropped', reason: `${what}: ${dropped} in ${whereIn(endpoints[0]!.hops)}${ranged}`, hops, endpoints };
 }
 
@@ -265,9 +265,9 @@ function claimsOf(world: TraceWorld, address: string, port: number, protocol: Pr
   return out;
 }
 
-function relatedProblems(world: TraceWorld, address: string, port: number, protocol: Protocol, plan: ServicePortPlan | undefined): Problem[] {
+function relatedProblems(world: TraceWorld, address: string, port: number, protocol: Protocol, served: ServedPort | undefined): Problem[] {
   const ids = new Set(claimsOf(world, address, port, protocol).map((c) => c.id));
-  if (plan) ids.add(plan.key.split('/').slice(1, 3).join('/'));
+  if (served) ids.add(served.key.split('/').slice(1, 3).join('/'));
   return world.model.problems.filter((p) => ids.has(p.service));
 }
 

@@ -35,7 +35,7 @@ import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { Applier, eachFamily, findDrift, planJumps, type ApplyResult } from '../agent/applier.ts';
+import { Applier, eachFamily, findDrift, diffJumps, type ApplyResult } from '../agent/applier.ts';
 import { HeadStart } from '../agent/headstart.ts';
 import { Xtables, commandRunner, type Backend } from '../agent/iptables.ts';
 import { NftApplier, type NftApplyResult } from '../agent/nft-applier.ts';
@@ -165,7 +165,7 @@ function listAhead(p: SyncPipeline, objs: Objects, addresses: string[], families
 
 /** What the applier writes into an empty namespace on its first sync (the jumps into the built-in chains included): the raw restores' payload. */
 function firstPayload(rs: Ruleset): string {
-  return restoreText(rs, { jumps: { nat: planJumps(rs, 'nat', undefined), filter: planJumps(rs, 'filter', undefined) } });
+  return restoreText(rs, { jumps: { nat: diffJumps(rs, 'nat', undefined), filter: diffJumps(rs, 'filter', undefined) } });
 }
 
 const ms = (t0: number) => performance.now() - t0;

@@ -322,7 +322,8 @@ interface SpecPort {
   error?: string;
 }
 
-interface Plan {
+/** What one Service asks of the allocation, read from its spec, and what it gets. */
+interface ServiceRequest {
   key: string;
   created: number;
   /** Position in (creationTimestamp, namespace/name) order: lower is older. */
@@ -353,7 +354,7 @@ interface PortError {
   detail: string;
 }
 
-function readService(svc: V1Service, config: AllocatorConfig): Omit<Plan, 'rank'> {
+function readService(svc: V1Service, config: AllocatorConfig): Omit<ServiceRequest, 'rank'> {
   const key = serviceKey(svc);
   const annotations: Record<string, unknown> = svc.metadata?.annotations ?? {};
   const warnings: Problem[] = [];
@@ -469,24 +470,24 @@ function mappingKey(sp: SpecPort): string {
 const EXCLUSIONS = ['pool', 'notReady', 'excluded', 'noAgent', 'agentStale', 'notForwarding', 'noAddress', 'noEndpoint'] as const;
 export type Exclusion = (typeof EXCLUSIONS)[number];
 
-function exclusion(node: NodeView, plan: Pick<Plan, 'pool' | 'local'>, family: Family, ready: Record<Family, Set<string>> | undefined): Exclusion | undefined {
-  if (node.pool !== plan.pool) return 'pool';
+function exclusion(node: NodeView, request: Pick<ServiceRequest, 'pool' | 'local'>, family: Family, ready: Record<Family, Set<string>> | undefined): Exclusion | undefined {
+  if (node.pool !== request.pool) return 'pool';
   if (!node.ready) return 'notReady';
   if (node.excluded) return 'excluded';
   if (node.agent === 'missing') return 'noAgent';
   if (node.agent === 'stale') return 'agentStale';
   if (!node.forwarding[family]) return 'notForwarding';
   if (!node.chosen[family]) return 'noAddress';
-  if (plan.local && !ready?.[family].has(node.name)) return 'noEndpoint';
+  if (request.local && !ready?.[family].has(node.name)) return 'noEndpoint';
   return undefined;
 }
 
 /** How a count of nodes excluded for `why` reads: "2 not Ready". */
-function describeExclusion(why: Exclusion, family: Family, plan: Plan): string {
+function describeExclusion(why: Exclusion, family: Family, request: ServiceRequest): string {
   const f = FAMILY_NAME[family];
   switch (why) {
     case 'pool':
-      return `in another pool than ${JSON.stringify(plan.pool)}`;
+      return `in another pool than ${JSON.stringify(request.pool)}`;
     case 'notReady':
       return 'not Ready';
     case 'excluded':
@@ -505,10 +506,10 @@ function describeExclusion(why: Exclusion, family: Family, plan: Plan): string {
 }
 
 /** Why one node is excluded: "its pier agent Lease has expired". */
-function explainNode(node: NodeView, why: Exclusion, family: Family, plan: Pick<Plan, 'pool'>): string {
+function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pick<ServiceRequest, 'pool'>): string {
   switch (why) {
     case 'pool':
-      return `it is in pool ${JSON.stringify(node.pool)}, not ${JSON.stringify(plan.pool)}`;
+      return `it is in pool ${JSON.stringify(node.pool)}, not ${JSON.stringify(request.pool)}`;
     case 'notReady':
       return 'it is not Ready';
     case 'excluded':
@@ -526,33 +527,33 @@ function explainNode(node: NodeView, why: Exclusion, family: Family, plan: Pick<
   }
 }
 
-function chooseAddresses(plan: Plan, nodes: NodeView[], ready: Record<Family, Set<string>> | undefined): void {
+function chooseAddresses(request: ServiceRequest, nodes: NodeView[], ready: Record<Family, Set<string>> | undefined): void {
   const eligible: Record<Family, NodeView[]> = { ipv4: [], ipv6: [] };
   const tally: Record<Family, Map<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
-  for (const family of plan.families) {
+  for (const family of request.families) {
     for (const node of nodes) {
-      const why = exclusion(node, plan, family, ready);
+      const why = exclusion(node, request, family, ready);
       if (why) tally[family].set(why, (tally[family].get(why) ?? 0) + 1);
       else eligible[family].push(node);
     }
   }
   const explain = (family: Family) => {
     if (nodes.length === 0) return 'the cluster has no nodes';
-    const parts = EXCLUSIONS.filter((w) => tally[family].has(w)).map((w) => `${tally[family].get(w)} ${describeExclusion(w, family, plan)}`);
+    const parts = EXCLUSIONS.filter((w) => tally[family].has(w)).map((w) => `${tally[family].get(w)} ${describeExclusion(w, family, request)}`);
     return `of ${nodes.length} ${plural(nodes.length, 'node')}: ${parts.join(', ')}`;
   };
 
   const chosen = new Map<string, Address>();
-  if (plan.requested.length > 0) {
+  if (request.requested.length > 0) {
     // The Service asked for addresses: serve those pier can, and say which it cannot.
-    for (const raw of plan.requested) {
+    for (const raw of request.requested) {
       const addr = parseAddress(raw);
       if (!addr) {
-        plan.addressCauses.push({ reason: REASONS.addressUnavailable, message: `spec.loadBalancerIP ${JSON.stringify(raw)} is not an IP address` });
-      } else if (!plan.families.includes(addr.family)) {
-        plan.addressCauses.push({
+        request.addressCauses.push({ reason: REASONS.addressUnavailable, message: `spec.loadBalancerIP ${JSON.stringify(raw)} is not an IP address` });
+      } else if (!request.families.includes(addr.family)) {
+        request.addressCauses.push({
           reason: REASONS.addressUnavailable,
-          message: `spec.loadBalancerIP ${addr.text} is ${FAMILY_NAME[addr.family]}, but the Service's ipFamilies are ${plan.families.map((f) => FAMILY_NAME[f]).join(', ')}`,
+          message: `spec.loadBalancerIP ${addr.text} is ${FAMILY_NAME[addr.family]}, but the Service's ipFamilies are ${request.families.map((f) => FAMILY_NAME[f]).join(', ')}`,
         });
       } else if (eligible[addr.family].some((n) => n.all[addr.family].has(addr.text))) {
         chosen.set(addr.text, addr);
@@ -560,23 +561,23 @@ function chooseAddresses(plan: Plan, nodes: NodeView[], ready: Record<Family, Se
         const owners = nodes.filter((n) => n.all[addr.family].has(addr.text));
         const why = owners.length === 0
           ? 'no node has this address'
-          : owners.map((n) => `node ${n.name} has it, but ${explainNode(n, exclusion(n, plan, addr.family, ready)!, addr.family, plan)}`).join('; ');
-        plan.addressCauses.push({ reason: REASONS.addressUnavailable, message: `spec.loadBalancerIP ${addr.text} cannot be served: ${why}` });
+          : owners.map((n) => `node ${n.name} has it, but ${explainNode(n, exclusion(n, request, addr.family, ready)!, addr.family, request)}`).join('; ');
+        request.addressCauses.push({ reason: REASONS.addressUnavailable, message: `spec.loadBalancerIP ${addr.text} cannot be served: ${why}` });
       }
     }
   } else {
-    for (const family of plan.families) {
+    for (const family of request.families) {
       for (const node of eligible[family]) {
         const addr = node.chosen[family]!;
         chosen.set(addr.text, addr);
       }
       if (eligible[family].length === 0) {
-        plan.addressCauses.push({ reason: REASONS.noEligibleNodes, message: `no node can serve ${FAMILY_NAME[family]} in pool ${JSON.stringify(plan.pool)}, ${explain(family)}` });
+        request.addressCauses.push({ reason: REASONS.noEligibleNodes, message: `no node can serve ${FAMILY_NAME[family]} in pool ${JSON.stringify(request.pool)}, ${explain(family)}` });
       }
     }
   }
   // Families in ipFamilies order, numeric within a family.
-  plan.addresses = [...chosen.values()].sort((a, b) => plan.families.indexOf(a.family) - plan.families.indexOf(b.family) || compareAddresses(a, b));
+  request.addresses = [...chosen.values()].sort((a, b) => request.families.indexOf(a.family) - request.families.indexOf(b.family) || compareAddresses(a, b));
 }
 
 /** One node in one family of a Service, as allocate() judges it. */
@@ -600,18 +601,18 @@ export function judgeNodes(input: AllocateInput): Map<string, NodeJudgement[]> {
   const out = new Map<string, NodeJudgement[]>();
   for (const svc of uniqueBy(input.services ?? [], serviceKey)) {
     if (!safely(() => isPierService(svc, input.config), false)) continue;
-    const plan = safely(() => readService(svc, input.config), undefined);
-    if (!plan) continue;
+    const request = safely(() => readService(svc, input.config), undefined);
+    if (!request) continue;
     const judged: NodeJudgement[] = [];
-    for (const family of plan.families) {
+    for (const family of request.families) {
       for (const node of nodes) {
-        const kind = exclusion(node, plan, family, ready.get(plan.key));
+        const kind = exclusion(node, request, family, ready.get(request.key));
         const j: NodeJudgement = { node: node.name, family, addresses: [...node.all[family]] };
-        if (kind) j.excluded = { kind, why: explainNode(node, kind, family, plan) };
+        if (kind) j.excluded = { kind, why: explainNode(node, kind, family, request) };
         judged.push(j);
       }
     }
-    out.set(plan.key, judged);
+    out.set(request.key, judged);
   }
   return out;
 }
@@ -619,17 +620,17 @@ export function judgeNodes(input: AllocateInput): Map<string, NodeJudgement[]> {
 // ---------------------------------------------------------------------------
 // External ports
 
-function assignExternalPorts(plans: Plan[], nodePorts: NodePorts, config: AllocatorConfig): void {
-  const active = plans.filter((p) => !p.blocked);
-  for (const plan of plans) plan.external = plan.ports.map((sp) => (sp.error || plan.allocateMode || plan.blocked ? undefined : sp.port));
+function assignExternalPorts(requests: ServiceRequest[], nodePorts: NodePorts, config: AllocatorConfig): void {
+  const active = requests.filter((p) => !p.blocked);
+  for (const request of requests) request.external = request.ports.map((sp) => (sp.error || request.allocateMode || request.blocked ? undefined : sp.port));
 
   // The oldest service-mode Service per PROTO/port: an allocated port must not sit on one of those.
   const serviceMode = new Map<string, number>();
-  for (const plan of active) {
-    if (plan.allocateMode) continue;
-    for (const sp of plan.ports) {
+  for (const request of active) {
+    if (request.allocateMode) continue;
+    for (const sp of request.ports) {
       const k = `${sp.protocol}/${sp.port}`;
-      if (!sp.error && !serviceMode.has(k)) serviceMode.set(k, plan.rank);
+      if (!sp.error && !serviceMode.has(k)) serviceMode.set(k, request.rank);
     }
   }
 
@@ -641,16 +642,16 @@ function assignExternalPorts(plans: Plan[], nodePorts: NodePorts, config: Alloca
 
   // First what Services remember, oldest first, so an older claim on a
   // remembered port wins over a younger one however the input is ordered.
-  for (const plan of allocating) {
-    for (const sp of plan.ports) {
+  for (const request of allocating) {
+    for (const sp of request.ports) {
       if (sp.error) continue;
-      const keep = plan.remembered[sp.index]!.find((port) => {
+      const keep = request.remembered[sp.index]!.find((port) => {
         const k = `${sp.protocol}/${port}`;
-        const olderServiceMode = (serviceMode.get(k) ?? Infinity) < plan.rank;
+        const olderServiceMode = (serviceMode.get(k) ?? Infinity) < request.rank;
         return usable(port) && !taken.has(k) && !olderServiceMode;
       });
       if (keep === undefined) continue;
-      plan.external[sp.index] = keep;
+      request.external[sp.index] = keep;
       taken.add(`${sp.protocol}/${keep}`);
     }
   }
@@ -658,15 +659,15 @@ function assignExternalPorts(plans: Plan[], nodePorts: NodePorts, config: Alloca
   // Then draw, lowest free first, for what remembers nothing valid. Draws
   // avoid every service-mode port too, so they never start a conflict.
   const cursor = new Map<string, number>();
-  for (const plan of allocating) {
-    for (const sp of plan.ports) {
-      if (sp.error || plan.external[sp.index] !== undefined) continue;
+  for (const request of allocating) {
+    for (const sp of request.ports) {
+      if (sp.error || request.external[sp.index] !== undefined) continue;
       // Availability only shrinks while drawing, so the search can resume where it stopped.
       let port = cursor.get(sp.protocol) ?? range.from;
       while (port <= range.to && (!usable(port) || taken.has(`${sp.protocol}/${port}`) || serviceMode.has(`${sp.protocol}/${port}`))) port++;
       cursor.set(sp.protocol, port);
       if (port > range.to) continue;
-      plan.external[sp.index] = port;
+      request.external[sp.index] = port;
       taken.add(`${sp.protocol}/${port}`);
     }
   }
@@ -691,54 +692,54 @@ function isReserved(port: number, reserved: readonly PortRange[]): boolean {
  * address by address: that keeps a cluster of thousands of Services on
  * hundreds of nodes from costing a map entry per (address, port).
  */
-function resolveClaims(plans: Plan[], nodePorts: NodePorts, config: AllocatorConfig): void {
-  const claims = new Map<string, { plan: Plan; index: number }[]>();
-  for (const plan of plans) {
-    if (plan.blocked) continue;
-    for (const sp of plan.ports) {
-      const ext = plan.external[sp.index];
+function resolveClaims(requests: ServiceRequest[], nodePorts: NodePorts, config: AllocatorConfig): void {
+  const claims = new Map<string, { request: ServiceRequest; index: number }[]>();
+  for (const request of requests) {
+    if (request.blocked) continue;
+    for (const sp of request.ports) {
+      const ext = request.external[sp.index];
       if (sp.error) {
-        plan.portErrors.set(sp.index, { reason: sp.error, detail: sp.error === REASONS.invalidPort ? 'the spec port is not in 1-65535' : `protocol ${JSON.stringify(sp.protocol)} is not TCP, UDP or SCTP` });
+        request.portErrors.set(sp.index, { reason: sp.error, detail: sp.error === REASONS.invalidPort ? 'the spec port is not in 1-65535' : `protocol ${JSON.stringify(sp.protocol)} is not TCP, UDP or SCTP` });
         continue;
       }
       if (ext === undefined) {
         const r = config.allocateRange;
-        plan.portErrors.set(sp.index, { reason: REASONS.portRangeExhausted, detail: `no free ${sp.protocol} port is left in the allocation range ${r?.from}-${r?.to}` });
+        request.portErrors.set(sp.index, { reason: REASONS.portRangeExhausted, detail: `no free ${sp.protocol} port is left in the allocation range ${r?.from}-${r?.to}` });
         continue;
       }
       if (isReserved(ext, config.reservedPorts)) {
-        plan.portErrors.set(sp.index, { reason: REASONS.portReserved, detail: `${ext} is reserved for the node itself` });
+        request.portErrors.set(sp.index, { reason: REASONS.portReserved, detail: `${ext} is reserved for the node itself` });
         continue;
       }
       // A port's own NodePort leads to the same endpoints; any other NodePort does not.
-      const nodePortOwners = (nodePorts.owners.get(`${sp.protocol}/${ext}`) ?? []).filter((o) => o !== `${plan.key}#${sp.index}`);
+      const nodePortOwners = (nodePorts.owners.get(`${sp.protocol}/${ext}`) ?? []).filter((o) => o !== `${request.key}#${sp.index}`);
       if (nodePortOwners.length > 0) {
-        const names = [...new Set(nodePortOwners.map((o) => o.slice(0, o.lastIndexOf('#'))))].map((o) => (o === plan.key ? 'another port of this Service' : o));
-        plan.portErrors.set(sp.index, { reason: REASONS.portConflict, detail: `${ext}/${sp.protocol} is a NodePort of ${names.join(', ')} on every node` });
+        const names = [...new Set(nodePortOwners.map((o) => o.slice(0, o.lastIndexOf('#'))))].map((o) => (o === request.key ? 'another port of this Service' : o));
+        request.portErrors.set(sp.index, { reason: REASONS.portConflict, detail: `${ext}/${sp.protocol} is a NodePort of ${names.join(', ')} on every node` });
         continue;
       }
-      if (plan.addresses.length === 0) continue;
+      if (request.addresses.length === 0) continue;
       const k = `${sp.protocol}/${ext}`;
       const list = claims.get(k) ?? [];
-      list.push({ plan, index: sp.index });
+      list.push({ request, index: sp.index });
       claims.set(k, list);
     }
   }
   // The oldest Service keeps an (address, protocol, port); the rest are told who has it.
   for (const list of claims.values()) {
     if (list.length < 2) continue;
-    list.sort((a, b) => a.plan.rank - b.plan.rank || a.index - b.index);
-    const holders = new Map<string, { plan: Plan; index: number }>();
+    list.sort((a, b) => a.request.rank - b.request.rank || a.index - b.index);
+    const holders = new Map<string, { request: ServiceRequest; index: number }>();
     for (const claim of list) {
-      for (const addr of claim.plan.addresses) {
+      for (const addr of claim.request.addresses) {
         const winner = holders.get(addr.text);
         if (!winner) {
           holders.set(addr.text, claim);
           continue;
         }
-        const holder = winner.plan === claim.plan ? `port ${portLabel(claim.plan.ports[winner.index]!)} of this Service` : `${winner.plan.key}, which is older`;
-        let conflicts = claim.plan.conflicts.get(claim.index);
-        if (!conflicts) claim.plan.conflicts.set(claim.index, (conflicts = new Map()));
+        const holder = winner.request === claim.request ? `port ${portLabel(claim.request.ports[winner.index]!)} of this Service` : `${winner.request.key}, which is older`;
+        let conflicts = claim.request.conflicts.get(claim.index);
+        if (!conflicts) claim.request.conflicts.set(claim.index, (conflicts = new Map()));
         conflicts.set(addr.text, { reason: REASONS.portConflict, detail: `held by ${holder}` });
       }
     }
@@ -752,18 +753,18 @@ function portLabel(sp: SpecPort): string {
   return `${sp.port}/${sp.protocol}${sp.name ? ` (${sp.name})` : ''}`;
 }
 
-function result(plan: Plan): ServiceAllocation {
-  if (plan.blocked) {
-    return { ingress: [], condition: { status: 'False', ...plan.blocked }, problems: dedupe([...plan.warnings, plan.blocked]) };
+function result(request: ServiceRequest): ServiceAllocation {
+  if (request.blocked) {
+    return { ingress: [], condition: { status: 'False', ...request.blocked }, problems: dedupe([...request.warnings, request.blocked]) };
   }
   let served = 0;
-  const errorAt = (sp: SpecPort, addr: string) => plan.portErrors.get(sp.index) ?? plan.conflicts.get(sp.index)?.get(addr);
-  const ingress: IngressAssignment[] = plan.addresses.map((addr) => ({
+  const errorAt = (sp: SpecPort, addr: string) => request.portErrors.get(sp.index) ?? request.conflicts.get(sp.index)?.get(addr);
+  const ingress: IngressAssignment[] = request.addresses.map((addr) => ({
     ip: addr.text,
     ipMode: 'Proxy',
-    ports: plan.ports.map((sp) => {
+    ports: request.ports.map((sp) => {
       const err = errorAt(sp, addr.text);
-      const out: PortAssignment = { port: plan.external[sp.index] ?? sp.port, protocol: sp.protocol };
+      const out: PortAssignment = { port: request.external[sp.index] ?? sp.port, protocol: sp.protocol };
       if (err) out.error = err.reason;
       else served++;
       return out;
@@ -772,17 +773,17 @@ function result(plan: Plan): ServiceAllocation {
 
   // One cause per spec port and reason, naming the addresses it applies to.
   const portCauses: Problem[] = [];
-  for (const sp of plan.ports) {
-    const ext = plan.external[sp.index];
-    const label = plan.allocateMode && ext !== undefined ? `${portLabel(sp)} -> ${ext}` : portLabel(sp);
+  for (const sp of request.ports) {
+    const ext = request.external[sp.index];
+    const label = request.allocateMode && ext !== undefined ? `${portLabel(sp)} -> ${ext}` : portLabel(sp);
     const cause = (err: PortError, addresses: string[]) => portCauses.push({ reason: err.reason, message: `port ${label} is not served on ${list(addresses)}: ${err.detail}` });
-    const everywhere = plan.portErrors.get(sp.index);
+    const everywhere = request.portErrors.get(sp.index);
     if (everywhere) {
-      if (plan.addresses.length > 0) cause(everywhere, plan.addresses.map((a) => a.text));
+      if (request.addresses.length > 0) cause(everywhere, request.addresses.map((a) => a.text));
       continue;
     }
     const byDetail = new Map<string, { err: PortError; addresses: string[] }>();
-    for (const [addr, err] of plan.conflicts.get(sp.index) ?? []) {
+    for (const [addr, err] of request.conflicts.get(sp.index) ?? []) {
       const k = `${err.reason}\0${err.detail}`;
       const entry = byDetail.get(k) ?? { err, addresses: [] };
       entry.addresses.push(addr);
@@ -791,10 +792,10 @@ function result(plan: Plan): ServiceAllocation {
     for (const { err, addresses } of byDetail.values()) cause(err, addresses);
   }
 
-  const causes = [...plan.addressCauses, ...portCauses];
+  const causes = [...request.addressCauses, ...portCauses];
   let condition: ReadyCondition;
   if (causes.length === 0) {
-    const ports = plan.ports.map((sp) => (plan.allocateMode ? `${plan.external[sp.index]}/${sp.protocol} -> ${sp.port}` : `${sp.port}/${sp.protocol}`));
+    const ports = request.ports.map((sp) => (request.allocateMode ? `${request.external[sp.index]}/${sp.protocol} -> ${sp.port}` : `${sp.port}/${sp.protocol}`));
     condition = { status: 'True', reason: REASONS.serving, message: clip(`served on ${list(ingress.map((i) => i.ip))}, ${plural(ports.length, 'port')} ${list(ports)}`) };
   } else {
     // When nothing is served, the first cause is why: addresses before ports.
@@ -803,11 +804,11 @@ function result(plan: Plan): ServiceAllocation {
     condition = { status: 'False', reason, message: clip(prefix + causes.map((c) => c.message).join('; ')) };
   }
 
-  const out: ServiceAllocation = { ingress, condition, problems: dedupe([...plan.warnings, ...causes]) };
-  if (plan.allocateMode) {
+  const out: ServiceAllocation = { ingress, condition, problems: dedupe([...request.warnings, ...causes]) };
+  if (request.allocateMode) {
     const mapping: Record<string, number> = {};
-    for (const sp of plan.ports) {
-      const ext = plan.external[sp.index];
+    for (const sp of request.ports) {
+      const ext = request.external[sp.index];
       if (ext !== undefined && !sp.error) mapping[mappingKey(sp)] = ext;
     }
     out.portMapping = JSON.stringify(mapping);
@@ -828,7 +829,7 @@ export function allocate(input: AllocateInput): Allocation {
   const nodePorts = readNodePorts(services);
 
   const invalid = new Map<string, ServiceAllocation>();
-  const read: Omit<Plan, 'rank'>[] = [];
+  const read: Omit<ServiceRequest, 'rank'>[] = [];
   for (const svc of services) {
     if (!safely(() => isPierService(svc, config), false)) continue;
     try {
@@ -838,16 +839,16 @@ export function allocate(input: AllocateInput): Allocation {
       invalid.set(safely(() => serviceKey(svc), '/'), { ingress: [], condition: { status: 'False', ...problem }, problems: [problem] });
     }
   }
-  const plans: Plan[] = read
+  const requests: ServiceRequest[] = read
     .sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : compareText(a.key, b.key)))
     .map((p, rank) => ({ ...p, rank }));
 
-  for (const plan of plans) if (!plan.blocked) chooseAddresses(plan, nodes, ready.get(plan.key));
-  assignExternalPorts(plans, nodePorts, config);
-  resolveClaims(plans, nodePorts, config);
+  for (const request of requests) if (!request.blocked) chooseAddresses(request, nodes, ready.get(request.key));
+  assignExternalPorts(requests, nodePorts, config);
+  resolveClaims(requests, nodePorts, config);
 
   const byKey = new Map<string, ServiceAllocation>(invalid);
-  for (const plan of plans) byKey.set(plan.key, result(plan));
+  for (const request of requests) byKey.set(request.key, result(request));
   return { services: new Map([...byKey].sort(([a], [b]) => compareText(a, b))) };
 }
 

@@ -1,9 +1,9 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { deletionArgs, describeCheck, flowFrontends, frontendsToCheck, parseFlows, staleFlows, type FlowEntry, type FlowFrontend } from '../../agent/conntrack.ts';
-import type { FamilyModel, ServicePortPlan } from '../../agent/model.ts';
+import type { FamilyModel, ServedPort } from '../../agent/model.ts';
 
-function plan(protocol: 'TCP' | 'UDP' | 'SCTP', frontends: [string, number][], endpoints: [string, number][]): ServicePortPlan {
+function served(protocol: 'TCP' | 'UDP' | 'SCTP', frontends: [string, number][], endpoints: [string, number][]): ServedPort {
   return {
     key: `ipv4/ns/s/${protocol}/${frontends.map((f) => f.join(':')).join(',')}`,
     comment: 'ns/s:dns',
@@ -16,7 +16,7 @@ function plan(protocol: 'TCP' | 'UDP' | 'SCTP', frontends: [string, number][], e
   };
 }
 
-const model = (...ports: ServicePortPlan[]): FamilyModel => ({ family: 'ipv4', ports });
+const model = (...ports: ServedPort[]): FamilyModel => ({ family: 'ipv4', ports });
 
 describe('parseFlows', () => {
   it('reads the original destination and the reply source of UDP and SCTP entries, IPv4 and IPv6', () => {
@@ -40,11 +40,11 @@ describe('parseFlows', () => {
 });
 
 describe('flowFrontends and frontendsToCheck', () => {
-  const dns = plan('UDP', [['198.51.100.11', 53], ['198.51.100.12', 53]], [['198.19.2.5', 5353], ['198.19.1.5', 5353]]);
-  const web = plan('TCP', [['198.51.100.11', 80]], [['198.19.1.5', 8080]]);
+  const dns = served('UDP', [['198.51.100.11', 53], ['198.51.100.12', 53]], [['198.19.2.5', 5353], ['198.19.1.5', 5353]]);
+  const web = served('TCP', [['198.51.100.11', 80]], [['198.19.1.5', 8080]]);
 
   it('lists UDP and SCTP frontends with their endpoints, sorted, and leaves TCP out', () => {
-    const flows = flowFrontends(model(dns, web, plan('SCTP', [['198.51.100.11', 3868]], [])));
+    const flows = flowFrontends(model(dns, web, served('SCTP', [['198.51.100.11', 3868]], [])));
     expect([...flows.values()]).toEqual([
       { protocol: 'UDP', address: '198.51.100.11', port: 53, endpoints: ['198.19.1.5|5353', '198.19.2.5|5353'] },
       { protocol: 'UDP', address: '198.51.100.12', port: 53, endpoints: ['198.19.1.5|5353', '198.19.2.5|5353'] },
@@ -62,7 +62,7 @@ describe('flowFrontends and frontendsToCheck', () => {
 
   it('checks new frontends, frontends whose endpoints changed, and gone ones with no endpoint left', () => {
     const before = flowFrontends(model(dns));
-    const moved = plan('UDP', [['198.51.100.11', 53], ['198.51.100.13', 53]], [['198.19.1.5', 5353]]);
+    const moved = served('UDP', [['198.51.100.11', 53], ['198.51.100.13', 53]], [['198.19.1.5', 5353]]);
     const checks = frontendsToCheck(before, flowFrontends(model(moved)));
     expect(checks).toEqual([
       { protocol: 'UDP', address: '198.51.100.11', port: 53, endpoints: ['198.19.1.5|5353'] },

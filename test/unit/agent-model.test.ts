@@ -5,7 +5,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { isIPv4 } from 'node:net';
 import { ipv4Value } from '../../lib/address.ts';
-import { buildModel, compareAddresses, formatAddress, parseAddress, parseCidr, sanitizeComment, type ModelInput, type ServicePortPlan } from '../../agent/model.ts';
+import { buildModel, compareAddresses, formatAddress, parseAddress, parseCidr, sanitizeComment, type ModelInput, type ServedPort } from '../../agent/model.ts';
 import { CLASS, CONFIG, NODE, NODE_V4, NODE_V6, corrupt, corruptionArb, endpointAddress, toInput, worldArb, type World } from './agent-fixtures.ts';
 
 function service(name: string, over: { spec?: Partial<NonNullable<V1Service['spec']>>; ingress?: NonNullable<NonNullable<V1Service['status']>['loadBalancer']>['ingress']; annotations?: Record<string, string>; created?: string } = {}): V1Service {
@@ -124,7 +124,7 @@ describe('buildModel examples', () => {
     const m = buildModel(input([service('web')], [slice('web', [ready('198.18.0.1'), ready('198.18.0.2', 'n2'), { addresses: ['198.18.0.3'], conditions: { ready: false } }])]));
     expect(m.problems).toEqual([]);
     expect(m.ipv6.ports).toEqual([]);
-    expect(m.ipv4.ports).toEqual<ServicePortPlan[]>([
+    expect(m.ipv4.ports).toEqual<ServedPort[]>([
       {
         key: 'ipv4/shop/web/http/TCP',
         comment: 'shop/web:http',
@@ -177,9 +177,9 @@ describe('buildModel examples', () => {
       slice('web', [ready('198.18.0.9', 'n2'), { addresses: ['198.18.0.1'], nodeName: NODE, conditions: { ready: false, serving: true, terminating: true } }, { addresses: ['198.18.0.2'], nodeName: NODE, conditions: { ready: false, serving: false, terminating: true } }]),
       slice('web', [{ addresses: ['db.example.com'] }], { addressType: 'FQDN' }),
     ];
-    const plan = buildModel(input([svc], slices)).ipv4.ports[0]!;
-    expect(plan.masquerade).toBe(false);
-    expect(plan.endpoints).toEqual([{ address: '198.18.0.1', port: 8080, local: true }]);
+    const served = buildModel(input([svc], slices)).ipv4.ports[0]!;
+    expect(served.masquerade).toBe(false);
+    expect(served.endpoints).toEqual([{ address: '198.18.0.1', port: 8080, local: true }]);
   });
 
   it('deduplicates an endpoint listed by two slices and splits endpoints by their address family', () => {
@@ -330,9 +330,9 @@ function expected(world: World) {
   return out;
 }
 
-function summary(plans: ServicePortPlan[]) {
+function summary(servedPorts: ServedPort[]) {
   return new Map(
-    plans.map((p) => [
+    servedPorts.map((p) => [
       p.key,
       {
         frontends: p.frontends.map((f) => `${f.address}:${f.port}`).sort(),
@@ -405,7 +405,7 @@ describe('buildModel properties', () => {
         const reasons = m.problems.filter((p) => p.service === victim).map((p) => p.reason);
         expect(reasons, JSON.stringify(m.problems)).toContain(c.kind);
         expect(m.problems.filter((p) => p.service !== victim)).toEqual([]);
-        const others = (ports: ServicePortPlan[]) => ports.filter((p) => !p.key.includes(`/${victim}/`));
+        const others = (ports: ServedPort[]) => ports.filter((p) => !p.key.includes(`/${victim}/`));
         expect(others(m.ipv4.ports)).toEqual(others(clean.ipv4.ports));
         expect(others(m.ipv6.ports)).toEqual(others(clean.ipv6.ports));
       }),

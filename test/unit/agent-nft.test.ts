@@ -5,7 +5,7 @@
 // the same (scripts accepted, read back equal) is test/e2e/nft-restore.test.ts.
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildModel, parseAddress, parseCidr, type ServicePortPlan } from '../../agent/model.ts';
+import { buildModel, parseAddress, parseCidr, type ServedPort } from '../../agent/model.ts';
 import { emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, width, type NftRuleset } from '../../agent/nft.ts';
 import { MARK, toInput, worldArb } from './agent-fixtures.ts';
 
@@ -33,7 +33,7 @@ function verdict(r: NftRuleset, key: string, client: string) {
   return { to: to.sort(), masquerade };
 }
 
-function expected(p: ServicePortPlan, client: string) {
+function expected(p: ServedPort, client: string) {
   // As the iptables backend: a port without endpoints is refused to everyone.
   if (p.endpoints.length === 0) return 'rejected';
   if (p.restrictSources && !p.sourceRanges.some((c) => inRange(client, c))) return 'dropped';

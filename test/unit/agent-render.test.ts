@@ -5,13 +5,13 @@
 // interpreter (agent-fixtures.ts) rather than compare rule text.
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildModel, parseAddress, parseCidr, type FamilyModel, type ServicePortPlan } from '../../agent/model.ts';
+import { buildModel, parseAddress, parseCidr, type FamilyModel, type ServedPort } from '../../agent/model.ts';
 import { ACCEPT_CHAIN, CANARY_CHAIN, CANARY_RULE, chainName, MAX_CHAIN_NAME, probability, renderRuleset, saveString, TABLES, type Ruleset } from '../../agent/render.ts';
 import { CLIENT, MARK, PROTO_NUMBERS, corrupt, corruptionArb, destinations, dnatText, toInput, walk, worldArb, type Packet, type World } from './agent-fixtures.ts';
 
 const render = (m: FamilyModel) => renderRuleset(m, { markBit: MARK });
 
-function plan(over: Partial<ServicePortPlan> & { key: string }): ServicePortPlan {
+function served(over: Partial<ServedPort> & { key: string }): ServedPort {
   return {
     comment: over.key.split('/').slice(1, 3).join('/') + ':p',
     protocol: 'TCP',
@@ -24,13 +24,13 @@ function plan(over: Partial<ServicePortPlan> & { key: string }): ServicePortPlan
   };
 }
 
-const lower = (p: ServicePortPlan) => p.protocol.toLowerCase() as Packet['proto'];
+const lower = (p: ServedPort) => p.protocol.toLowerCase() as Packet['proto'];
 
-function newConnection(p: ServicePortPlan, f: { address: string; port: number }, src: string): Packet {
+function newConnection(p: ServedPort, f: { address: string; port: number }, src: string): Packet {
   return { src, dst: f.address, proto: lower(p), dport: f.port };
 }
 
-function dnatedConnection(p: ServicePortPlan, f: { address: string; port: number }, src: string): Packet {
+function dnatedConnection(p: ServedPort, f: { address: string; port: number }, src: string): Packet {
   const e = p.endpoints[0] ?? { address: f.address, port: f.port };
   return { src, dst: e.address, proto: lower(p), dport: e.port, ct: { new: true, dnat: true, proto: PROTO_NUMBERS[lower(p)]!, origsrc: src, origdst: f.address, origdport: f.port } };
 }
@@ -160,7 +160,7 @@ describe('rule text', () => {
 
 describe('renderRuleset examples', () => {
   it('lays out a single-endpoint Cluster port without a chain of its own', () => {
-    const r = render({ family: 'ipv4', ports: [plan({ key: 'ipv4/shop/web/http/TCP', comment: 'shop/web:http' })] });
+    const r = render({ family: 'ipv4', ports: [served({ key: 'ipv4/shop/web/http/TCP', comment: 'shop/web:http' })] });
     expect([...r.tables.nat.chains]).toEqual([
       ['PIER-CANARY', [CANARY_RULE]],
       [
@@ -197,7 +197,7 @@ describe('renderRuleset examples', () => {
 
   it('spreads over several endpoints with decreasing probabilities, IPv6 in brackets', () => {
     const endpoints = [1, 2, 3].map((i) => ({ address: `2001:db8:1::${i}`, port: 8080, local: false }));
-    const r = render({ family: 'ipv6', ports: [plan({ key: 'ipv6/shop/web/http/TCP', comment: 'shop/web:http', frontends: [{ address: '2001:db8::11', port: 443 }], endpoints })] });
+    const r = render({ family: 'ipv6', ports: [served({ key: 'ipv6/shop/web/http/TCP', comment: 'shop/web:http', frontends: [{ address: '2001:db8::11', port: 443 }], endpoints })] });
     const rules = r.tables.nat.chains.get('PIER-SERVICES')!;
     expect(rules.filter((x) => x.includes('DNAT'))).toEqual([
       '-d 2001:db8::11/128 -p tcp -m comment --comment "shop/web:http" -m tcp --dport 443 -m statistic --mode random --probability 0.33333333349 -j DNAT --to-destination [2001:db8:1::1]:8080',
@@ -208,7 +208,7 @@ describe('renderRuleset examples', () => {
 
   it('gives a port with many endpoints its own PIER-SVC chain', () => {
     const endpoints = Array.from({ length: 12 }, (_, i) => ({ address: `198.18.0.${i + 1}`, port: 8080, local: false }));
-    const r = render({ family: 'ipv4', ports: [plan({ key: 'ipv4/shop/web/http/TCP', endpoints })] });
+    const r = render({ family: 'ipv4', ports: [served({ key: 'ipv4/shop/web/http/TCP', endpoints })] });
     const svc = [...r.tables.nat.chains.keys()].filter((c) => c.startsWith('PIER-SVC-'));
     expect(svc).toEqual([chainName('PIER-SVC-', 'svc|ipv4/shop/web/http/TCP')]);
     expect(r.tables.nat.chains.get(svc[0]!)).toHaveLength(13);
@@ -216,7 +216,7 @@ describe('renderRuleset examples', () => {
 
   it('marks only hairpin traffic for Local, and filters sources in a chain of its own when the list is long', () => {
     const ranges = ['198.51.100.0/24', '203.0.113.0/25', '203.0.113.128/26', '203.0.113.192/27', '203.0.113.224/28', '203.0.113.240/29', '203.0.113.248/30', '203.0.113.252/31'];
-    const p = plan({ key: 'ipv4/shop/db/pg/TCP', comment: 'shop/db:pg', masquerade: false, sourceRanges: ranges, restrictSources: true });
+    const p = served({ key: 'ipv4/shop/db/pg/TCP', comment: 'shop/db:pg', masquerade: false, sourceRanges: ranges, restrictSources: true });
     const r = render({ family: 'ipv4', ports: [p] });
     expect(r.tables.nat.chains.get('PIER-SERVICES')).toEqual([
       '-s 198.18.0.1/32 -d 192.0.2.11/32 -p tcp -m comment --comment "shop/db:pg" -m tcp --dport 80 -j MARK --set-xmark 0x2000/0x2000',
@@ -236,7 +236,7 @@ describe('renderRuleset examples', () => {
   });
 
   it('rejects frontends without endpoints in the filter table only', () => {
-    const p = plan({ key: 'ipv4/shop/web/http/UDP', protocol: 'UDP', endpoints: [] });
+    const p = served({ key: 'ipv4/shop/web/http/UDP', protocol: 'UDP', endpoints: [] });
     const r = render({ family: 'ipv4', ports: [p] });
     expect(r.tables.nat.chains.get('PIER-SERVICES')).toEqual([]);
     expect(r.tables.filter.chains.get('PIER-NOENDPOINTS')).toEqual([
@@ -333,7 +333,7 @@ describe('scale', () => {
   // 10,000 single-endpoint ports on one address, scattered over the port
   // space: the shape that needs the most tree chains per rule.
   function bigModel(endpointsPerPort: number, seed: number): FamilyModel {
-    const ports: ServicePortPlan[] = [];
+    const ports: ServedPort[] = [];
     const used = new Set<number>();
     let s = seed;
     for (let i = 0; ports.length < 10_000; i++) {
@@ -342,7 +342,7 @@ describe('scale', () => {
       if (used.has(port)) continue;
       used.add(port);
       ports.push(
-        plan({
+        served({
           key: `ipv4/ns/s${i}/p/TCP`,
           comment: `ns/s${i}:p`,
           frontends: [{ address: '192.0.2.11', port }],

@@ -13,7 +13,7 @@ import fc from 'fast-check';
 import { afterAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { inCidr } from '../../agent/interp.ts';
-import type { ServicePortPlan } from '../../agent/model.ts';
+import type { ServedPort } from '../../agent/model.ts';
 import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket, type TraceWorld } from '../../agent/trace.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 import { CLIENT, MARK, NODE_V4, NODE_V6, toInput, worldArb } from './agent-fixtures.ts';
@@ -268,16 +268,16 @@ describe('trace on generated worlds agrees with the model', () => {
         const input = toInput(w);
         const tw = traceWorld({ ...input, markBit: MARK });
         for (const family of ['ipv4', 'ipv6'] as const) {
-          for (const plan of tw.model[family].ports) {
-            for (const f of plan.frontends) {
+          for (const served of tw.model[family].ports) {
+            for (const f of served.frontends) {
               const client = CLIENT[family];
-              const v = trace(tw, { client, address: f.address, port: f.port, protocol: plan.protocol });
-              expect(v.service).toBe(plan.comment);
-              checkAgainstPlan(v, plan, client);
+              const v = trace(tw, { client, address: f.address, port: f.port, protocol: served.protocol });
+              expect(v.service).toBe(served.comment);
+              checkAgainstPlan(v, served, client);
               // A client inside the first listed range is admitted.
-              if (plan.restrictSources && plan.sourceRanges.length > 0 && plan.endpoints.length > 0) {
-                const inside = plan.sourceRanges[0]!.split('/')[0]!;
-                if (![...NODE_V4, ...NODE_V6].includes(inside)) expect(trace(tw, { client: inside, address: f.address, port: f.port, protocol: plan.protocol }).outcome).toBe('delivered');
+              if (served.restrictSources && served.sourceRanges.length > 0 && served.endpoints.length > 0) {
+                const inside = served.sourceRanges[0]!.split('/')[0]!;
+                if (![...NODE_V4, ...NODE_V6].includes(inside)) expect(trace(tw, { client: inside, address: f.address, port: f.port, protocol: served.protocol }).outcome).toBe('delivered');
               }
             }
           }
@@ -288,16 +288,16 @@ describe('trace on generated worlds agrees with the model', () => {
   });
 });
 
-function checkAgainstPlan(v: ReturnType<typeof trace>, plan: ServicePortPlan, client: string): void {
-  if (plan.endpoints.length === 0) {
+function checkAgainstPlan(v: ReturnType<typeof trace>, served: ServedPort, client: string): void {
+  if (served.endpoints.length === 0) {
     expect(v.outcome).toBe('rejected');
     return;
   }
-  expect(v.endpoints.map((e) => `${e.address}:${e.port}`)).toEqual(plan.endpoints.map((e) => `${e.address}:${e.port}`));
-  for (const e of v.endpoints) expect(e.probability).toBeCloseTo(1 / plan.endpoints.length, 6);
-  const admitted = !plan.restrictSources || plan.sourceRanges.some((r) => inCidr(client, r));
+  expect(v.endpoints.map((e) => `${e.address}:${e.port}`)).toEqual(served.endpoints.map((e) => `${e.address}:${e.port}`));
+  for (const e of v.endpoints) expect(e.probability).toBeCloseTo(1 / served.endpoints.length, 6);
+  const admitted = !served.restrictSources || served.sourceRanges.some((r) => inCidr(client, r));
   expect(v.outcome).toBe(admitted ? 'delivered' : 'dropped');
-  if (admitted) for (const e of v.endpoints) expect(e.masqueraded).toBe(plan.masquerade);
+  if (admitted) for (const e of v.endpoints) expect(e.masqueraded).toBe(served.masquerade);
 }
 
 describe('pier trace (the command)', () => {
