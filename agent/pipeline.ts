@@ -19,17 +19,20 @@
 // (measured with two endpoints each) besides the rule texts the applied
 // ruleset holds anyway (~0.55 KB).
 //
-// Anything the incremental bookkeeping does not expect (two Services with one
-// name, two served ports with one key, two served ports on one port: none of which the
-// informers or buildModel produce) is answered by the pure functions, and the
-// caches start over.
+// This is the only engine outside the tests: buildModel and renderRuleset are
+// the property tests' oracle. What the bookkeeping does not expect (two
+// Services with one name, two served ports with one key: informers hold each
+// object once, names hold no '/', and pier plan's reader, manifests.ts, keeps
+// it so) throws Unexpected; the caches start over and the sync is redone from
+// an empty state, a cold sync. Should that fail too, the error goes to the
+// caller, which keeps the rules in place.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
 import { safely } from '../lib/objects.ts';
 import {
-  buildModel,
   compareServedPorts,
   conflictProblems,
+  diffServedPorts,
   dedupeProblems,
   isPierService,
   modelContext,
@@ -58,7 +61,6 @@ import {
   servedEntries,
   perTree,
   servedRules,
-  renderRuleset,
   sameStrings,
   treeTable,
   TREES,
@@ -93,6 +95,8 @@ export class SyncPipeline {
   private readonly config: PipelineConfig;
   private readonly incrementalModel = new IncrementalModel();
   private readonly renderers: Record<Family, IncrementalRenderer>;
+  /** Syncs redone from an empty state because the bookkeeping lost track: 0 unless pier has a bug. */
+  restarts = 0;
 
   constructor(config: PipelineConfig) {
     this.config = config;
@@ -108,7 +112,8 @@ export class SyncPipeline {
       // Whatever was half done is dropped; the next sync starts afresh.
       this.incrementalModel.reset();
       if (!(err instanceof Unexpected)) throw err;
-      return buildModel({ ...ctxInput, services: [...input.services], slices: [...input.slices] });
+      this.restarts++;
+      return again(() => this.incrementalModel.update(ctxInput, input), () => this.incrementalModel.reset());
     }
   }
 
@@ -118,24 +123,27 @@ export class SyncPipeline {
    * sync, handed the same objects, finds them done. A guess that turns out
    * wrong (the Node's addresses change, another slice arrives, the object is
    * replaced) costs only the work: the sync checks every object by identity,
-   * as it does between syncs. After the first sync it does nothing.
+   * as it does between syncs. After the first sync it does nothing. Returns
+   * the Service's served ports, for the nftables renderers to prepare.
    */
-  warm(nodeAddresses: readonly string[], svc: V1Service, slices: readonly V1EndpointSlice[], families: readonly Family[]): void {
+  warm(nodeAddresses: readonly string[], svc: V1Service, slices: readonly V1EndpointSlice[], families: readonly Family[]): readonly ServedPort[] {
     const ctxInput = { nodeName: this.config.nodeName, nodeAddresses: [...nodeAddresses], config: this.config.model };
     try {
       const result = this.incrementalModel.warm(ctxInput, svc, slices);
-      if (!result) return;
+      if (!result) return [];
       // Only the families the first sync renders: what is prepared is kept until then.
       for (let i = 0; i < result.servedPorts.length; i++) {
         const served = result.servedPorts[i]!;
         const family = servedFamily(served);
         if (served.frontends.length > 0 && families.includes(family)) this.renderers[family].prepare(served);
       }
+      return result.servedPorts;
     } catch (err) {
       // Nothing is lost: the first sync computes what is missing.
       this.incrementalModel.reset();
       for (const family of FAMILY_LIST) this.renderers[family].reset();
       if (!(err instanceof Unexpected)) throw err;
+      return [];
     }
   }
 
@@ -147,8 +155,23 @@ export class SyncPipeline {
     } catch (err) {
       r.reset();
       if (!(err instanceof Unexpected)) throw err;
-      return renderRuleset(model, this.config.render);
+      this.restarts++;
+      return again(() => r.update(model), () => r.reset());
     }
+  }
+}
+
+/**
+ * A sync redone on caches just reset: the incremental path from an empty
+ * state, which is a cold sync. An Unexpected there comes from the input, not
+ * from what was kept, so it goes up, with the caches reset again.
+ */
+function again<T>(run: () => T, reset: () => void): T {
+  try {
+    return run();
+  } catch (err) {
+    reset();
+    throw err;
   }
 }
 
@@ -316,8 +339,9 @@ class IncrementalModel {
         }
         this.byObject.set(svc, live);
       }
-      // Which of two objects with one name wins is decided by buildModel's
-      // order of Services; informers never hold two.
+      // Informers never hold two objects with one name, and pier plan's
+      // reader keeps the later (manifests.ts): which one would win is not
+      // this engine's to guess.
       if (live.stamp === stamp) throw new Unexpected(`two Services named ${live.owner.id}`);
       live.stamp = stamp;
       seen++;
@@ -379,7 +403,7 @@ class IncrementalModel {
     });
     for (const family of FAMILY_LIST) {
       const list = sorted[family].sort(compareServedPorts);
-      // buildModel keeps the first of two served ports with one key, by its order of Services.
+      // Keys are unique while names hold no '/' (the API server's rule, and manifests.ts's).
       for (let i = 1; i < list.length; i++) if (list[i - 1]!.key === list[i]!.key) throw new Unexpected(`two served ports with key ${list[i]!.key}`);
     }
     this.sorted = sorted;
@@ -550,7 +574,7 @@ function mergeServed(list: readonly ServedPort[], drop: ReadonlySet<ServedPort>,
       continue;
     }
     const b = add[j];
-    // buildModel keeps the first of two served ports with one key, by its order of Services.
+    // Unique keys, as in rebuild().
     if (a && b && a.key === b.key) throw new Unexpected(`two served ports with key ${b.key}`);
     if (b && j > 0 && add[j - 1]!.key === b.key) throw new Unexpected(`two served ports with key ${b.key}`);
     if (a && (!b || a.key < b.key)) {
@@ -639,30 +663,9 @@ class IncrementalRenderer {
     const after = model.ports;
     // Both sorted by key (buildModel's order); anything else is not a model
     // this bookkeeping can follow.
-    for (let i = 1; i < after.length; i++) if (!(after[i - 1]!.key < after[i]!.key)) throw new Unexpected('served ports not sorted by key');
-
-    const removed: ServedPort[] = [];
-    const added: ServedPort[] = [];
-    let i = 0;
-    let j = 0;
-    while (i < before.length || j < after.length) {
-      const a = before[i];
-      const b = after[j];
-      if (a && a === b) {
-        i++;
-        j++;
-      } else if (a && (!b || a.key <= b.key)) {
-        removed.push(a);
-        i++;
-        if (b && a.key === b.key) {
-          added.push(b);
-          j++;
-        }
-      } else {
-        added.push(b!);
-        j++;
-      }
-    }
+    const diff = diffServedPorts(before, after);
+    if (!diff) throw new Unexpected('served ports not sorted by key');
+    const { removed, added } = diff;
 
     const edits = perTree(() => new Map<Group, GroupEdit>());
     this.lastEdit = {};

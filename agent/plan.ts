@@ -42,7 +42,9 @@ export const PLAN_SPEC: CommandSpec = {
     "agent Leases, so every Node in the manifests counts as running a healthy agent that forwards IPv4 and",
     'IPv6; its Ready condition, labels and addresses count as they are. stderr names the Services it allocated',
     '(addresses, ports) and every Service it leaves out, with the reason. A file that cannot be read or parsed',
-    'is skipped and named; the plan is still printed from the others, and the exit code is 1.',
+    'is skipped and named; the plan is still printed from the others, and the exit code is 1. Of two objects',
+    'of one kind with one name (and namespace) the later one read is used, as kubectl apply would leave it;',
+    'both are named, and the exit code is 1.',
   ].join('\n'),
   usage: 'pier plan --node NAME [--family ipv4|ipv6] [--backend iptables|nftables] [--format restore|commands] -f FILE_OR_DIR [-f ...]',
   allowPositionals: false,
@@ -164,9 +166,11 @@ export async function runPlan(argv: string[]): Promise<number> {
     process.stderr.write(`pier plan: --node and at least one -f are required\nUsage: ${PLAN_SPEC.usage}\n`);
     return 2;
   }
-  const { manifests, errors } = readManifestFiles(files);
+  const { manifests, errors, duplicates } = readManifestFiles(files);
   // Bad files are skipped, and the plan is made from the rest: one typo does not hide everything else.
   for (const err of errors) process.stderr.write(`pier plan: skipped ${err.message}\n`);
+  // Likely a stale copy of a file: the plan is printed, but the exit code says to look.
+  for (const d of duplicates) process.stderr.write(`pier plan: warning: ${d.message}\n`);
   const node = manifests.nodes.find((n) => n.metadata?.name === nodeName);
   if (!node) {
     const known = manifests.nodes.map((n) => n.metadata?.name).join(', ') || 'none';
@@ -197,7 +201,9 @@ export async function runPlan(argv: string[]): Promise<number> {
   process.stdout.write(frontendsToCheck(undefined, flowFrontends(model[family])).map(describeCheck).join(''));
   if (errors.length > 0) {
     process.stderr.write(`pier plan: ${errors.length} file${errors.length === 1 ? '' : 's'} skipped (above); the plan leaves out what ${errors.length === 1 ? 'it holds' : 'they hold'}\n`);
-    return 1;
   }
-  return 0;
+  if (duplicates.length > 0) {
+    process.stderr.write(`pier plan: ${duplicates.length} object${duplicates.length === 1 ? '' : 's'} read again later (above); the plan uses the later one of each\n`);
+  }
+  return errors.length > 0 || duplicates.length > 0 ? 1 : 0;
 }

@@ -92,8 +92,9 @@ export async function runTrace(argv: string[]): Promise<number> {
 
 /** As `pier plan` reads them: bad files skipped and named; Services without a status allocated as the controller would. */
 function fromManifests(files: string[], nodeName: string, v: Record<string, OptionValue>): Objects | number {
-  const { manifests, errors } = readManifestFiles(files);
+  const { manifests, errors, duplicates } = readManifestFiles(files);
   for (const err of errors) process.stderr.write(`pier trace: skipped ${err.message}\n`);
+  for (const d of duplicates) process.stderr.write(`pier trace: warning: ${d.message}\n`);
   if (!manifests.nodes.some((n) => n.metadata?.name === nodeName)) return manifests;
   const { services, notes } = allocateOffline(manifests, nodeName, allocatorConfig(v));
   // Only when trace made up a status is the note worth reading: the verdict explains the rest.

@@ -1,5 +1,6 @@
 // `pier plan` offline: Services without a status get the controller's own
-// allocation first, and everything the plan leaves out is named.
+// allocation first, everything the plan leaves out is named, and of two
+// objects with one name the later one read is used, as kubectl apply would.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,6 +9,7 @@ import type { V1Lease, V1Service } from '@kubernetes/client-node';
 import { execa } from 'execa';
 import { afterAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
+import { readManifestFiles } from '../../agent/manifests.ts';
 import { allocatorConfig, allocateOffline, PLAN_SPEC } from '../../agent/plan.ts';
 import { allocate, DEFAULT_ALLOCATE_RANGE, DEFAULT_RESERVED_PORTS } from '../../controller/allocate.ts';
 import { CONTROLLER_SPEC } from '../../controller/main.ts';
@@ -93,6 +95,66 @@ describe('allocateOffline', () => {
   });
 });
 
+describe('readManifestFiles: each object once', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'pier-manifests-unit-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const write = (name: string, objects: object[]) => {
+    const p = join(dir, name);
+    mkdirSync(join(p, '..'), { recursive: true });
+    writeFileSync(p, objects.map((o) => stringify(o)).join('---\n'));
+    return p;
+  };
+  const web81 = lbService('shop', 'web', [{ name: 'http', port: 81 }]);
+
+  it('keeps the later of two objects of one kind and name, where it was read, and names both', () => {
+    const a = write('dup/a.yaml', [n1, web, webSlice, ssh]);
+    const b = write('dup/b.json', []);
+    writeFileSync(b, JSON.stringify({ kind: 'List', items: [web81, { ...webSlice, endpoints: [] }] }));
+    const { manifests, errors, duplicates } = readManifestFiles([join(dir, 'dup')]);
+    expect(errors).toEqual([]);
+    const named = (list: { metadata?: { name?: string } }[]) => list.map((o) => o.metadata?.name);
+    expect(named(manifests.services)).toEqual(['ssh', 'web']);
+    expect(manifests.services[1]!.spec?.ports?.[0]?.port).toBe(81);
+    expect(manifests.slices.map((s) => s.endpoints)).toEqual([[]]);
+    expect(named(manifests.nodes)).toEqual(['n1']);
+    expect(duplicates.map(({ message, ...d }) => d)).toEqual([
+      { kind: 'Service', name: 'shop/web', kept: `${b}, items[0]`, dropped: `${a} (document 2)` },
+      { kind: 'EndpointSlice', name: `shop/${webSlice.metadata!.name}`, kept: `${b}, items[1]`, dropped: `${a} (document 3)` },
+    ]);
+    expect(duplicates[0]!.message).toBe(`Service shop/web in ${a} (document 2) is read again in ${b}, items[0]: the later one is used, as kubectl apply would leave it`);
+  });
+
+  it('of three, keeps the last; a Node by its name; no namespace and an empty one are one', () => {
+    const bare = (namespace: string | undefined, port: number) => ({ ...lbService('x', 'bare', [{ port }]), metadata: { name: 'bare', ...(namespace === undefined ? {} : { namespace }) } });
+    const n1Again = { ...n1, status: { ...n1.status, addresses: [{ type: 'InternalIP', address: '192.0.2.99' }] } };
+    const p = write('three.yaml', [web, n1, web81, n1Again, bare(undefined, 1), bare('', 2), lbService('shop', 'web', [{ name: 'http', port: 82 }])]);
+    const { manifests, duplicates } = readManifestFiles([p]);
+    expect(manifests.services.map((s) => [s.metadata?.name, s.spec?.ports?.[0]?.port])).toEqual([['bare', 2], ['web', 82]]);
+    expect(manifests.nodes.map((n) => n.status?.addresses?.map((a) => a.address))).toEqual([['192.0.2.99']]);
+    expect(duplicates.map((d) => [d.kind, d.name, d.dropped, d.kept])).toEqual([
+      ['Node', 'n1', `${p} (document 2)`, `${p} (document 4)`],
+      ['Service', 'shop/web', `${p} (document 1)`, `${p} (document 7)`],
+      ['Service', 'shop/web', `${p} (document 3)`, `${p} (document 7)`],
+      ['Service', '/bare', `${p} (document 5)`, `${p} (document 6)`],
+    ]);
+  });
+
+  it('reads no name or namespace with "/" (the API server takes none): pier keys objects by namespace/name', () => {
+    // Else shop + a/b and shop/a + b would be one Service to the agent.
+    const slash = write('slash/a.yaml', [{ ...web, metadata: { namespace: 'shop', name: 'a/b' } }]);
+    const slashNs = write('slash/b.yaml', [{ ...web, metadata: { namespace: 'shop/a', name: 'b' } }]);
+    const numberNs = write('slash/c.yaml', [{ ...web, metadata: { namespace: 7, name: 'b' } }]);
+    write('slash/d.yaml', [ssh]);
+    const { manifests, errors } = readManifestFiles([join(dir, 'slash')]);
+    expect(manifests.services.map((s) => s.metadata?.name)).toEqual(['ssh']);
+    expect(errors.map((e) => e.message)).toEqual([
+      `${slash}: Service a/b: metadata.name must not contain "/"`,
+      `${slashNs}: Service b: metadata.namespace must not contain "/"`,
+      `${numberNs}: Service b: metadata.namespace must be a string`,
+    ]);
+  });
+});
+
 describe('pier plan', () => {
   const dir = mkdtempSync(join(tmpdir(), 'pier-plan-unit-'));
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -105,7 +167,7 @@ describe('pier plan', () => {
     writeFileSync(join(m, 'b.yaml'), 'kind: Service\nmetadata: {name: broken}\nspec: {ports: [{port: eighty}]}\n');
     const r = await plan('--node', 'n1', '-f', m);
     expect(r.exitCode).toBe(1);
-    expect(r.stdout).toContain('-A PIER-SERVICES -d 192.0.2.11/32 -p tcp -m comment --comment "shop/web:http" -m tcp --dport 80 -j DNAT --to-destination 198.18.0.5:8080');
+    expect(r.stdout).toContain('-A PIER-SERVICES -d 192.0.2.11/32 -p tcp -m tcp --dport 80 -m comment --comment "shop/web:http" -j DNAT --to-destination 198.18.0.5:8080');
     expect(r.stdout).toMatch(/^-I PREROUTING 1 .*-j PIER-SERVICES$/m);
     expect(r.stderr).toContain(`pier plan: skipped ${join(m, 'b.yaml')}: Service broken: spec.ports[0].port must be an integer`);
     expect(r.stderr).toContain('pier plan: shop/web: allocated (no status in the manifests): served on 192.0.2.11, 2001:db8::11, ports 80/TCP, 53/UDP');
@@ -118,6 +180,20 @@ describe('pier plan', () => {
     expect(ok.stdout).toContain('-A PIER-NOENDPOINTS -d 2001:db8::11/128 -p tcp');
   });
 
+  it('of two Services with one name plans the later, names both, and exits 1 at the end', { timeout: 60_000 }, async () => {
+    const m = join(dir, 'dup');
+    mkdirSync(m);
+    writeFileSync(join(m, 'a.yaml'), [n1, web, webSlice].map((o) => stringify(o)).join('---\n'));
+    // A stale copy, read later: its port 8081 is what kubectl apply would leave.
+    writeFileSync(join(m, 'b.yaml'), stringify(lbService('shop', 'web', [{ name: 'http', port: 8081 }])));
+    const r = await plan('--node', 'n1', '-f', m);
+    expect(r.exitCode).toBe(1);
+    expect(r.stderr).toContain(`pier plan: warning: Service shop/web in ${join(m, 'a.yaml')} (document 2) is read again in ${join(m, 'b.yaml')}: the later one is used, as kubectl apply would leave it`);
+    expect(r.stderr).toContain('pier plan: 1 object read again later (above); the plan uses the later one of each');
+    expect(r.stdout).toMatch(/^-A PIER-SERVICES -d 192\.0\.2\.11\/32 -p tcp .*--dport 8081 .*-j DNAT --to-destination 198\.18\.0\.5:8080$/m);
+    expect(r.stdout).not.toMatch(/--dport 80 /);
+  });
+
   it('names a Service port whose EndpointSlice lists it under another protocol', { timeout: 60_000 }, async () => {
     const m = join(dir, 'proto.yaml');
     const tcpOnly = endpointSlice('shop', 'web', 'IPv4', [{ address: '198.18.0.5', nodeName: 'n1' }], [{ name: 'http', port: 8080 }, { name: 'dns', port: 5353, protocol: 'TCP' }]);
@@ -125,6 +201,6 @@ describe('pier plan', () => {
     const r = await plan('--node', 'n1', '-f', m);
     expect(r.exitCode).toBe(0);
     expect(r.stderr).toContain('pier plan: warning: shop/web port dns: EndpointProtocolMismatch: Service shop/web port dns: its EndpointSlices list port "dns" as TCP, not UDP');
-    expect(r.stdout).toContain('-A PIER-NOENDPOINTS -d 192.0.2.11/32 -p udp -m comment --comment "shop/web:dns" -m udp --dport 53 -j REJECT');
+    expect(r.stdout).toContain('-A PIER-NOENDPOINTS -d 192.0.2.11/32 -p udp -m udp --dport 53 -m comment --comment "shop/web:dns" -j REJECT');
   });
 });
