@@ -27,7 +27,7 @@ import { silentLogger } from '../lib/log.ts';
 import type { Backend, StartedRestore, Xtables } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
 import { CHAIN_PREFIX, sameStrings, TABLES, type Ruleset, type TableName } from './render.ts';
-import { parseSave, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
+import { jumpTarget, parseSave, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
 
 export type { JumpEdits };
 
@@ -411,14 +411,6 @@ function ruleCounts(want: readonly string[], have: readonly string[]): { lost: n
 /** Every pier chain in one table of a parsed save. */
 export function pierChains(tables: Map<string, string[]> | undefined): string[] {
   return [...(tables?.keys() ?? [])].filter((c) => c.startsWith(CHAIN_PREFIX));
-}
-
-/** The target of a rule as iptables-save prints it (`-j X` or `-g X`). */
-export function jumpTarget(rule: string): string | undefined {
-  // Split first: a comment may contain " -j ".
-  const words = splitRule(rule);
-  for (let i = words.length - 2; i >= 0; i--) if (words[i] === '-j' || words[i] === '-g') return words[i + 1];
-  return undefined;
 }
 
 /**

@@ -189,3 +189,11 @@ function sameRules(a: string[] | undefined, b: string[]): boolean {
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;
 }
+
+/** The target of a rule as iptables-save prints it (`-j X` or `-g X`). */
+export function jumpTarget(rule: string): string | undefined {
+  // Split first: a comment may contain " -j ".
+  const words = splitRule(rule);
+  for (let i = words.length - 2; i >= 0; i--) if (words[i] === '-j' || words[i] === '-g') return words[i + 1];
+  return undefined;
+}

@@ -16,6 +16,7 @@ import { branches, PROTO_NUMBERS, walk, type Hop, type Packet, type WalkResult }
 import { isPierService, parseAddress, PROTOCOLS, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServedPort } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
 import type { Ruleset, TableName } from './render.ts';
+import { jumpTarget } from './restore.ts';
 
 export class TraceUsageError extends Error {
   override name = 'TraceUsageError';
@@ -188,7 +189,7 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
   const endpoints: EndpointTrace[] = paths.map((w) => {
     if (w.verdict !== 'DNAT') throw new Error(`a spread ends in ${w.verdict}, not DNAT`);
     const to = parseDnat(w.to!);
-    const ep = { ...pkt, dst: to.address, dport: to.port, mark: w.mark, ct: ct(true) };
+    const ep = { ...pkt, dst: to.address, dport: to.port, mark: w.mark, ctmark: w.ctmark, ct: ct(true) };
     const hostEndpoint = onNode(to.address);
     const chains: ('FORWARD' | 'INPUT' | 'OUTPUT')[] = fromNode ? (hostEndpoint ? ['OUTPUT', 'INPUT'] : ['OUTPUT']) : hostEndpoint ? ['INPUT'] : ['FORWARD'];
     const hops = hopsIn('nat', w).slice(common);
@@ -237,7 +238,8 @@ function whereIn(hops: readonly TraceHop[]): string {
   const filter = hops.filter((h) => h.table === 'filter');
   const last = filter.at(-1);
   if (!last) return 'filter';
-  const root = filter.filter((h) => BUILT_IN.has(h.chain)).at(-1)?.rule.split(' -j ')[1];
+  const jump = filter.filter((h) => BUILT_IN.has(h.chain)).at(-1);
+  const root = jump && jumpTarget(jump.rule);
   return root && root !== last.chain ? `${last.chain} (from ${root})` : last.chain;
 }
 

@@ -142,7 +142,8 @@ function walker(rs: Ruleset): (port: number) => Walked {
     const n = walk(nat, 'PIER-SERVICES', syn);
     if (n.verdict !== 'DNAT') throw new Error(`port ${port}: pier's nat rules give ${n.verdict}, not a DNAT`);
     const ct = { new: true, dnat: true, proto: 6, origsrc: CLIENT_IP, origdst: FRONTEND, origdport: port };
-    const f = walk(filter, 'PIER-FORWARD', { ...syn, dst: ENDPOINT_IP, dport: ENDPOINT_PORT, ct });
+    // The connection's mark as nat left it: a port any source may use is marked there.
+    const f = walk(filter, 'PIER-FORWARD', { ...syn, dst: ENDPOINT_IP, dport: ENDPOINT_PORT, ct, ctmark: n.ctmark });
     if (f.verdict !== 'ACCEPT') throw new Error(`port ${port}: pier's FORWARD rules give ${f.verdict}, not an ACCEPT`);
     const later = walk(filter, 'PIER-FORWARD', { src: ENDPOINT_IP, dst: CLIENT_IP, proto: 'tcp', dport: port, ct: { ...ct, new: false }, ctmark: f.ctmark });
     if (later.verdict !== 'ACCEPT') throw new Error(`port ${port}: pier's FORWARD rules give a later packet ${later.verdict}, not an ACCEPT`);

@@ -5,7 +5,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { eachFamily, jumpTarget } from '../../agent/applier.ts';
+import { eachFamily } from '../../agent/applier.ts';
+import { jumpTarget } from '../../agent/restore.ts';
 import { chooseBackend } from '../../agent/backend.ts';
 import { describeRestoreFailure, type Backend } from '../../agent/iptables.ts';
 import type { Family } from '../../lib/contract.ts';
@@ -78,7 +79,7 @@ describe('eachFamily', () => {
 
 describe('jumpTarget', () => {
   it.each([
-    ['-m comment --comment "pier/services" -j PIER-SERVICES', 'PIER-SERVICES'],
+    ['-j PIER-SERVICES', 'PIER-SERVICES'],
     ['-s 198.19.0.0/16 -g PIER-X', 'PIER-X'],
     ['-j ACCEPT', 'ACCEPT'],
     ['-m comment --comment "x -j y"', undefined],

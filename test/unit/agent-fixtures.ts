@@ -267,13 +267,13 @@ export function walk(chains: Map<string, string[]>, chain: string, pkt: Packet, 
 }
 
 /** Every DNAT destination a new connection can reach (one walk per branch), and whether each is marked. */
-export function destinations(chains: Map<string, string[]>, pkt: Packet): { to: string; marked: boolean; chance: number }[] {
-  const out: { to: string; marked: boolean; chance: number }[] = [];
+export function destinations(chains: Map<string, string[]>, pkt: Packet): { to: string; marked: boolean; ctmark: number; chance: number }[] {
+  const out: { to: string; marked: boolean; ctmark: number; chance: number }[] = [];
   const first = walk(chains, 'PIER-SERVICES', pkt, -1);
   const branches = first.randomPoints;
   for (let k = 0; k <= branches; k++) {
     const w = walk(chains, 'PIER-SERVICES', pkt, k);
-    if (w.verdict === 'DNAT') out.push({ to: w.to!, marked: w.marked, chance: w.chance });
+    if (w.verdict === 'DNAT') out.push({ to: w.to!, marked: w.marked, ctmark: w.ctmark, chance: w.chance });
     else if (w.verdict !== 'CONTINUE') throw new Error(`nat verdict ${w.verdict}`);
   }
   return out;

@@ -114,8 +114,8 @@ describe('parseSave', () => {
       ':FORWARD DROP [12:345]',
       ':PIER-FORWARD - [0:0]',
       ':PIER-CANARY - [0:0]',
-      '-A FORWARD -m comment --comment "pier/forward" -j PIER-FORWARD',
-      '-A PIER-FORWARD -m comment --comment "shop/web:http" -m conntrack --ctproto 6 --ctorigdst 192.0.2.11 --ctorigdstport 80 -j ACCEPT',
+      '-A FORWARD -j PIER-FORWARD',
+      '-A PIER-FORWARD -m conntrack --ctproto 6 --ctorigdst 192.0.2.11 --ctorigdstport 80 -m comment --comment "shop/web:http" -j ACCEPT',
       'COMMIT',
       '# Completed on Sat Nov 21 07:18:09 2026',
       '*nat',
@@ -128,8 +128,8 @@ describe('parseSave', () => {
     expect([...saved.keys()]).toEqual(['filter', 'nat']);
     expect([...saved.get('filter')!]).toEqual([
       ['INPUT', []],
-      ['FORWARD', ['-m comment --comment "pier/forward" -j PIER-FORWARD']],
-      ['PIER-FORWARD', ['-m comment --comment "shop/web:http" -m conntrack --ctproto 6 --ctorigdst 192.0.2.11 --ctorigdstport 80 -j ACCEPT']],
+      ['FORWARD', ['-j PIER-FORWARD']],
+      ['PIER-FORWARD', ['-m conntrack --ctproto 6 --ctorigdst 192.0.2.11 --ctorigdstport 80 -m comment --comment "shop/web:http" -j ACCEPT']],
       ['PIER-CANARY', []],
     ]);
     expect(saved.get('nat')!.get('PREROUTING')).toEqual(['-j PIER-SERVICES']);
