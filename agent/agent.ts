@@ -20,7 +20,7 @@ import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts
 import { NftApplier, findForwardDrops, nftUsable } from './nft-applier.ts';
 import { NftRenderer, nftCounts, nftScript, NFT_TABLE, type NftUpdate } from './nft.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
-import { problemKey, type Model, type Problem } from './model.ts';
+import { problemKey, servedFamily, type Model, type Problem } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
 import { TABLES, type Ruleset } from './render.ts';
 import { planText, restoreText } from './restore.ts';
@@ -198,7 +198,14 @@ export class Agent {
     // and what each Service needs computed, while the informers list.
     for (const applier of this.appliers.values()) if (applier instanceof Applier) void applier.prepare();
     // The model is warmed either way; iptables rule texts only for the iptables backend.
-    this.headStart = new HeadStart(this.pipeline, this.ruleBackend === 'iptables' ? this.renderedFamilies() : []);
+    const families = this.renderedFamilies();
+    this.headStart =
+      this.ruleBackend === 'iptables'
+        ? new HeadStart(this.pipeline, families)
+        : new HeadStart(this.pipeline, [], (served) => {
+            const family = servedFamily(served);
+            if (served.frontends.length > 0 && families.includes(family)) this.nftRenderer(family).prepare(served);
+          });
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
     this.cachesSynced = true;
@@ -219,7 +226,7 @@ export class Agent {
     clearInterval(this.resyncTimer);
     clearTimeout(this.flowRetry.timer);
     await this.coalescer.stop();
-    for (const applier of this.appliers.values()) if (applier instanceof Applier) applier.close();
+    for (const applier of this.appliers.values()) applier.close();
     await Promise.all([this.services.stop(), this.slices.stop(), this.nodes.stop()]);
     await this.lease?.stop();
     await this.health?.close();
@@ -402,22 +409,32 @@ export class Agent {
     for (const applier of this.appliers.values()) if (applier instanceof Applier) void applier.prepare();
     // Incremental: the informers hand out the same object for an unchanged
     // Service or slice, so only what changed since the last sync is redone.
-    const model = this.pipeline.model({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
-    this.report(model.problems);
-
     // Both families' rules first, then their restores: a restore reads its
     // input while this thread is free to write it, and nft runs the two side
     // by side (eachFamily).
     const families = this.renderedFamilies();
     const planned = new Map<Family, Rendered>();
-    for (const family of families) {
-      const started = performance.now();
-      const rendered: Rendered =
-        this.ruleBackend === 'nftables'
-          ? { kind: 'nftables', nft: this.nftRenderer(family).update(model[family]), renderMs: 0 }
-          : { kind: 'iptables', ruleset: this.pipeline.ruleset(model[family]), renderMs: 0 };
-      rendered.renderMs = performance.now() - started;
-      planned.set(family, rendered);
+    let model: Model;
+    try {
+      model = this.pipeline.model({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
+      this.report(model.problems);
+      for (const family of families) {
+        const started = performance.now();
+        const rendered: Rendered =
+          this.ruleBackend === 'nftables'
+            ? { kind: 'nftables', nft: this.nftRenderer(family).update(model[family], { transaction: this.nftTransaction(family) }), renderMs: 0 }
+            : { kind: 'iptables', ruleset: this.pipeline.ruleset(model[family]), renderMs: 0 };
+        rendered.renderMs = performance.now() - started;
+        planned.set(family, rendered);
+      }
+    } catch (err) {
+      // A bug, not input: the engine already retried from an empty state.
+      // Nothing was written; the next sync (at the latest the resync) tries again.
+      const msg = (err as Error).message;
+      for (const family of families) this.metrics.syncErrors.inc({ family });
+      this.readyDetail = `computing the rules failed: ${msg}; the rules in place are kept`;
+      this.log.error({ err: msg, stack: (err as Error).stack }, 'computing the rules failed; the rules in place are kept');
+      return;
     }
     // nft takes no lock: both families side by side, as iptables-nft.
     const outcomes = await eachFamily(this.ruleBackend === 'nftables' ? 'nft' : this.backend, families, async (family) => {
@@ -458,6 +475,12 @@ export class Agent {
     }
   }
 
+  /** Whether a change to the nftables table is worth a transaction: not when it is written whole anyway. */
+  private nftTransaction(family: Family): boolean {
+    const applier = this.appliers.get(family);
+    return !(applier instanceof NftApplier) || applier.holdsTable;
+  }
+
   private nftRenderer(family: Family): NftRenderer {
     let r = this.nftRenderers.get(family);
     if (!r) this.nftRenderers.set(family, (r = new NftRenderer(family, this.markBit)));
@@ -491,7 +514,7 @@ export class Agent {
     let payload: string;
     let tool: string;
     if (r.kind === 'nftables') {
-      payload = previous ? r.nft.delta : nftScript(r.nft.state);
+      payload = previous && r.nft.delta !== undefined ? r.nft.delta : nftScript(r.nft.state);
       tool = 'nft -f';
       this.dryRunApplied.set(family, r.nft);
     } else {

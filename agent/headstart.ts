@@ -14,7 +14,7 @@
 // the sync checks each object by identity and recomputes what does not match.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
-import { serviceId, sliceServiceId } from './model.ts';
+import { serviceId, sliceServiceId, type ServedPort } from './model.ts';
 import type { SyncPipeline } from './pipeline.ts';
 
 export class HeadStart {
@@ -25,11 +25,16 @@ export class HeadStart {
   private services = new Map<string, V1Service>();
   private slices = new Map<string, V1EndpointSlice[]>();
   private over = false;
+  private readonly prepare: ((served: ServedPort) => void) | undefined;
 
-  /** `families`: those the first sync renders rules for. */
-  constructor(pipeline: SyncPipeline, families: readonly Family[]) {
+  /**
+   * `families`: those the first sync renders iptables rules for; `prepare`
+   * gets each served port warmed, for the nftables renderers.
+   */
+  constructor(pipeline: SyncPipeline, families: readonly Family[], prepare?: (served: ServedPort) => void) {
     this.pipeline = pipeline;
     this.families = families;
+    this.prepare = prepare;
   }
 
   /** This node's addresses, both families, from its Node as listed. */
@@ -77,6 +82,8 @@ export class HeadStart {
   }
 
   private warm(svc: V1Service, slices: readonly V1EndpointSlice[]): void {
-    if (this.nodeAddresses) this.pipeline.warm(this.nodeAddresses, svc, slices, this.families);
+    if (!this.nodeAddresses) return;
+    const served = this.pipeline.warm(this.nodeAddresses, svc, slices, this.families);
+    if (this.prepare) for (const s of served) this.prepare(s);
   }
 }

@@ -1,7 +1,7 @@
 // The only module that runs iptables. Every call goes through execa with an
 // argument array; rule text from the renderer is split into arguments
 // (splitRule), never handed to a shell.
-import { execa } from 'execa';
+import { execa, type Subprocess } from 'execa';
 import { constants } from 'node:os';
 import type { Family } from '../lib/contract.ts';
 import { splitRule } from './restore.ts';
@@ -36,11 +36,24 @@ export interface RunResult {
  * process at once and writes its stdin when the promise settles (nothing if
  * it rejects).
  */
-export type Runner = (file: string, args: string[], input?: string | Promise<string>) => Promise<RunResult>;
+export type Runner = ((file: string, args: string[], input?: string | Promise<string>) => Promise<RunResult>) & {
+  /**
+   * Starts a long-lived process where the runner runs its commands, its
+   * stdin and stderr piped. A runner without it (some tests') gets
+   * one process per command.
+   */
+  start?: (file: string, args: string[]) => Subprocess;
+};
 
 export function commandRunner(prefix: readonly string[] = []): Runner {
-  return async (file, args, input) => {
-    const [cmd, ...rest] = prefix.length > 0 ? [...prefix, file, ...args] : [file, ...args];
+  const argv = (file: string, args: string[]) => (prefix.length > 0 ? [...prefix, file, ...args] : [file, ...args]);
+  const start = (file: string, args: string[]): Subprocess => {
+    const [cmd, ...rest] = argv(file, args);
+    return execa(cmd!, rest, { stdin: 'pipe', stdout: 'ignore', stderr: 'pipe', buffer: false, reject: false });
+  };
+  return Object.assign(run, { start });
+  async function run(file: string, args: string[], input?: string | Promise<string>): Promise<RunResult> {
+    const [cmd, ...rest] = argv(file, args);
     const now = typeof input === 'string' ? input : undefined;
     const sub = execa(cmd!, rest, { input: now, reject: false, stripFinalNewline: false, maxBuffer: 512 * 1024 * 1024 });
     // execa reports a write to a process that is already gone in the result,
@@ -63,7 +76,7 @@ export function commandRunner(prefix: readonly string[] = []): Runner {
       throw new IptablesError(`cannot run ${file}: ${r.shortMessage}`, stderr, undefined);
     }
     return { exitCode: r.exitCode ?? 1, stdout, stderr };
-  };
+  }
 }
 
 export function binaries(backend: Backend, family: Family): { cmd: string; save: string; restore: string } {

@@ -279,6 +279,40 @@ export function compareServedPorts(a: ServedPort, b: ServedPort): number {
   return compareText(a.key, b.key);
 }
 
+/**
+ * The served ports that went and came from one family model to the next,
+ * found by identity: the pipeline hands out the same object while a
+ * Service and its slices do not change, so an unchanged port costs one
+ * comparison. Both lists sorted by key, as models are; undefined when
+ * `after` is not.
+ */
+export function diffServedPorts(before: readonly ServedPort[], after: readonly ServedPort[]): { removed: ServedPort[]; added: ServedPort[] } | undefined {
+  for (let i = 1; i < after.length; i++) if (!(after[i - 1]!.key < after[i]!.key)) return undefined;
+  const removed: ServedPort[] = [];
+  const added: ServedPort[] = [];
+  let i = 0;
+  let j = 0;
+  while (i < before.length || j < after.length) {
+    const a = before[i];
+    const b = after[j];
+    if (a && a === b) {
+      i++;
+      j++;
+    } else if (a && (!b || a.key <= b.key)) {
+      removed.push(a);
+      i++;
+      if (b && a.key === b.key) {
+        added.push(b);
+        j++;
+      }
+    } else {
+      added.push(b!);
+      j++;
+    }
+  }
+  return { removed, added };
+}
+
 export function servedFamily(served: ServedPort): Family {
   return served.key.startsWith('ipv4/') ? 'ipv4' : 'ipv6';
 }

@@ -1,10 +1,12 @@
 // The only module that runs nft: applies nft.ts's tables and transactions
-// through execa (the Runner) with the script on stdin, never a shell.
+// through execa (the Runner) with the script on stdin, never a shell; small
+// transactions through a resident nft (NftSession).
 import type { Family } from '../lib/contract.ts';
 import { silentLogger, type Logger } from '../lib/log.ts';
 import { IptablesError, type Runner } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
 import { NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
+import { NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
 import type { ApplyMode } from './applier.ts';
 
 export interface NftApplyResult {
@@ -27,12 +29,24 @@ export class NftApplier {
   private readonly metrics: Pick<AgentMetrics, 'drift'> | undefined;
   /** The renderer's version the kernel holds, as far as this process knows; undefined = unknown. */
   private applied: number | undefined;
+  private readonly session: NftSession | undefined;
 
   constructor(family: Family, run: Runner, log: Logger = silentLogger, metrics?: Pick<AgentMetrics, 'drift'>) {
     this.family = family;
     this.run = run;
     this.log = log.child({ family });
     this.metrics = metrics;
+    this.session = run.start ? new NftSession(run.start) : undefined;
+  }
+
+  /** Whether the kernel holds a version of the table this applier wrote: else the next apply writes it whole. */
+  get holdsTable(): boolean {
+    return this.applied !== undefined;
+  }
+
+  /** Stops the resident nft. */
+  close(): void {
+    this.session?.close();
   }
 
   /**
@@ -44,10 +58,12 @@ export class NftApplier {
   async apply(u: NftUpdate, opts: { verify?: boolean } = {}): Promise<NftApplyResult> {
     if (this.applied === undefined) return this.full(u, 'initial sync');
     if (this.applied !== u.since) return this.full(u, `the kernel holds version ${this.applied}, the change starts from ${u.since}`);
+    if (u.delta === undefined) return this.full(u, 'no transaction was made');
     let result: NftApplyResult = { family: this.family, mode: 'noop', payloadBytes: 0 };
     if (u.delta !== '') {
       try {
-        await this.nft(u.delta);
+        if (this.session && u.delta.length <= SESSION_MAX_BYTES) await this.session.run(u.delta);
+        else await this.nft(u.delta);
         this.applied = u.version;
         result = { family: this.family, mode: 'partial', payloadBytes: u.delta.length };
       } catch (err) {
@@ -65,10 +81,18 @@ export class NftApplier {
 
   private async full(u: NftUpdate, reason: string): Promise<NftApplyResult> {
     this.applied = undefined;
+    // nft starts while the script is written out: its start-up (~10-15 ms)
+    // is then off a cold sync's path (bench:agent, "nftables ... cold sync").
+    let give: (script: string) => void = () => {};
+    const started = this.nft(new Promise<string>((resolve) => (give = resolve)));
     const payload = nftScript(u.state);
-    await this.nft(payload);
+    give(payload);
+    await started;
     this.applied = u.version;
-    this.log.info({ reason, bytes: payload.length }, "pier's nftables table written whole");
+    this.session?.prime();
+    // What it serves, to tell an empty or partial first table from a full one in the log.
+    const count = (set: string) => u.state.sets.get(set)?.size ?? 0;
+    this.log.info({ reason, bytes: payload.length, frontends: count('services'), noEndpoints: count('no-endpoints') }, "pier's nftables table written whole");
     return { family: this.family, mode: 'full', payloadBytes: payload.length, reason };
   }
 
@@ -82,7 +106,7 @@ export class NftApplier {
     return nftDrift(state, parseNftJson(r.stdout));
   }
 
-  private async nft(script: string): Promise<void> {
+  private async nft(script: string | Promise<string>): Promise<void> {
     const r = await this.run('nft', ['-f', '-'], script);
     if (r.exitCode !== 0) throw new IptablesError(`nft -f failed (exit ${r.exitCode}): ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
   }

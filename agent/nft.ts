@@ -9,10 +9,14 @@
 //
 // Every Service port is data, not rules: a handful of chains serve them all.
 //
-//   map services      frontend (daddr . l4proto . dport) : goto spread-<n>, n its endpoints
-//   chain spread-<n>  mark for masquerade (set masquerading: Cluster policy;
-//                     set hairpin: Local, a pod reaching itself), then
-//                     `numgen random mod n` picks one of pick-0 .. pick-<n-1>
+//   map services      frontend (daddr . l4proto . dport) : goto spread-<n>
+//                     (Cluster policy) or local-<n> (Local), n its endpoints
+//   chain spread-<n>  mark for masquerade, then `numgen random mod n` picks
+//                     one of pick-0 .. pick-<n-1>
+//   chain local-<n>   the same, marking only a pod that reaches itself (set
+//                     hairpin); the policy is in the verdict, not in a set of
+//                     every Cluster frontend, which cost ~20 % of a cold
+//                     `nft -f` at 10,000 ports (bench:agent)
 //   chain pick-<i>    DNAT through map endpoints-<i>: frontend : its i-th endpoint
 //                     (a map per index, not one keyed by frontend . index:
 //                     nft 1.0 cannot read back the typeof such a key needs)
@@ -37,7 +41,7 @@
 // backend does. The agent reports such a policy instead.
 import type { Family } from '../lib/contract.ts';
 import { parseCidr } from '../lib/address.ts';
-import { compareText, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
+import { compareText, diffServedPorts, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
 
 export const NFT_TABLE = 'pier';
 export const NFT_FAMILY: Record<Family, 'ip' | 'ip6'> = { ipv4: 'ip', ipv6: 'ip6' };
@@ -52,11 +56,11 @@ export const FIXED_RULES = {
   'nat-postrouting': 1,
 } as const;
 export const FIXED_CHAINS = Object.keys(FIXED_RULES) as (keyof typeof FIXED_RULES)[];
-/** Rules of each spread-<n> and pick-<i> chain. */
-export const SPREAD_RULES = 3;
+/** Rules of each spread-<n>, local-<n> and pick-<i> chain. */
+export const SPREAD_RULES = 2;
 export const PICK_RULES = 1;
 /** The sets every table has; maps endpoints-<i> come and go with the largest endpoint count. */
-export const FIXED_SETS = ['services', 'masquerading', 'hairpin', 'no-endpoints', 'restricted', 'allowed'] as const;
+export const FIXED_SETS = ['services', 'hairpin', 'no-endpoints', 'restricted', 'allowed'] as const;
 
 /** nft's user-data comments hold 128 bytes. */
 const MAX_NFT_COMMENT = 127;
@@ -70,14 +74,24 @@ export interface NftRuleset {
    * comment, and for maps ` : value`; '' for a plain set's element).
    */
   sets: Map<string, Map<string, string>>;
-  /** The endpoint counts that have a spread-<n> chain, with how many frontends go there. */
-  spreads: Map<number, number>;
+  /** The spread-<n> and local-<n> chains the table has, with how many frontends go there. */
+  spreads: Map<string, number>;
+}
+
+/** The chain a served port's frontends go to: by its policy and how many endpoints it has. */
+export function spreadName(endpoints: number, masquerade: boolean): string {
+  return `${masquerade ? 'spread' : 'local'}-${endpoints}`;
+}
+
+/** How many endpoints a spread-<n> or local-<n> chain picks from. */
+function spreadWidth(name: string): number {
+  return Number(name.slice(name.indexOf('-') + 1));
 }
 
 /** How many endpoints-<i> maps and pick-<i> chains the table has: its largest endpoint count. */
 export function width(r: NftRuleset): number {
   let n = 0;
-  for (const s of r.spreads.keys()) if (s > n) n = s;
+  for (const s of r.spreads.keys()) n = Math.max(n, spreadWidth(s));
   return n;
 }
 
@@ -92,8 +106,12 @@ const endpointsMap = (i: number) => `endpoints-${i}`;
 
 /** What one served port adds to its family's table. */
 interface ServedNft {
+  /** set, key, what follows the key. */
   items: [string, string, string][];
-  spread: number;
+  /** Its spread chain; '' without endpoints. */
+  spread: string;
+  /** How many frontends go to that chain. */
+  frontends: number;
 }
 
 const PROTO: Record<Protocol, string> = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' };
@@ -107,8 +125,11 @@ export interface NftUpdate {
   state: NftRuleset;
   version: number;
   since: number;
-  /** `nft -f` input from version `since` to `version`; '' when nothing changed. */
-  delta: string;
+  /**
+   * `nft -f` input from version `since` to `version`; '' when nothing
+   * changed; undefined when something did but no transaction was asked for.
+   */
+  delta: string | undefined;
 }
 
 /**
@@ -128,23 +149,43 @@ export class NftRenderer {
   private servedPorts = new Map<ServedPort, ServedNft>();
   private model: FamilyModel | undefined;
   private version = 0;
+  /** Served ports rendered while the informers list (the agent's HeadStart); dropped by the first update. */
+  private prepared: WeakMap<ServedPort, ServedNft> | undefined = new WeakMap();
 
   constructor(family: Family, markBit: number) {
     this.state = emptyNft(family, markBit);
   }
 
-  update(model: FamilyModel): NftUpdate {
+  /** A served port the first update will add, rendered ahead. */
+  prepare(served: ServedPort): void {
+    this.prepared?.set(served, servedNft(served, this.state.family));
+  }
+
+  /**
+   * `transaction: false` when the table will be written whole anyway (the
+   * kernel holds no version of it): at 10,000 ports building the transaction
+   * of a cold sync costs ~30 ms for nothing (bench:agent, "nftables ... cold sync").
+   */
+  update(model: FamilyModel, opts: { transaction?: boolean } = {}): NftUpdate {
     const since = this.version;
     if (model === this.model) return { state: this.state, version: since, since, delta: '' };
     if (model.family !== this.state.family) throw new Error(`an ${this.state.family} renderer was given an ${model.family} model`);
+    const diff = diffServedPorts(this.model?.ports ?? [], model.ports);
+    if (!diff) throw new Error('a model whose served ports are not sorted by key');
     this.model = model;
-    const next = new Map<ServedPort, ServedNft>();
-    for (const served of model.ports) next.set(served, this.servedPorts.get(served) ?? servedNft(served, model.family));
-    const edit = new Edit(this.state);
-    for (const [served, p] of this.servedPorts) if (!next.has(served)) edit.apply(p, -1);
-    for (const [served, p] of next) if (!this.servedPorts.has(served)) edit.apply(p, +1);
-    this.servedPorts = next;
-    const delta = edit.script();
+    const prepared = this.prepared;
+    this.prepared = undefined;
+    const edit = new Edit(this.state, opts.transaction ?? true);
+    for (const served of diff.removed) {
+      edit.apply(this.servedPorts.get(served)!, -1);
+      this.servedPorts.delete(served);
+    }
+    for (const served of diff.added) {
+      const p = prepared?.get(served) ?? servedNft(served, model.family);
+      this.servedPorts.set(served, p);
+      edit.apply(p, +1);
+    }
+    const delta = edit.finish();
     if (delta !== '') this.version++;
     return { state: this.state, version: this.version, since, delta };
   }
@@ -153,47 +194,69 @@ export class NftRenderer {
 /** One update's changes to a state: made at once, remembered as before and after for the transaction. */
 class Edit {
   private readonly r: NftRuleset;
-  /** Per set, each touched key's value before the edit (undefined: absent). */
-  private readonly before = new Map<string, Map<string, string | undefined>>();
-  private readonly spreadsBefore = new Map<number, boolean>();
+  /** Per set, each touched key's value before the edit (undefined: absent), with the set's elements. */
+  private readonly before = new Map<string, { was: Map<string, string | undefined>; items: Map<string, string> }>();
+  private readonly spreadsBefore = new Map<string, boolean>();
   private readonly widthBefore: number;
+  /** Whether to remember what each element was: only a transaction needs it. */
+  private readonly track: boolean;
+  private changed = false;
 
-  constructor(r: NftRuleset) {
+  constructor(r: NftRuleset, track: boolean) {
     this.r = r;
     this.widthBefore = width(r);
+    this.track = track;
   }
 
-  /** Adds (+1) or removes (-1) one served port's elements. Removals come first: a key may pass from one served port to another. */
+  /**
+   * Adds (+1) or removes (-1) one served port's elements. Removals come
+   * first: a key may pass from one served port to another. A cold sync puts
+   * every element of the table through here: indexed loops, no
+   * destructuring, one lookup per set (bench:agent, "nftables ... cold sync").
+   */
   apply(p: ServedNft, sign: 1 | -1): void {
-    for (const [set, key, rest] of p.items) {
-      let was = this.before.get(set);
-      if (!was) this.before.set(set, (was = new Map()));
-      let items = this.r.sets.get(set);
-      if (!items) this.r.sets.set(set, (items = new Map()));
-      if (!was.has(key)) was.set(key, items.get(key));
-      if (sign > 0) items.set(key, rest);
-      else items.delete(key);
+    this.changed = true;
+    const list = p.items;
+    for (let i = 0; i < list.length; i++) {
+      const item = list[i]!;
+      const set = this.touched(item[0]);
+      const key = item[1];
+      if (this.track && !set.was.has(key)) set.was.set(key, set.items.get(key));
+      if (sign > 0) set.items.set(key, item[2]);
+      else set.items.delete(key);
     }
-    if (p.spread === 0) return;
+    if (p.spread === '') return;
     const n = this.r.spreads.get(p.spread) ?? 0;
     if (!this.spreadsBefore.has(p.spread)) this.spreadsBefore.set(p.spread, n > 0);
-    const frontends = p.items.filter(([set]) => set === 'services').length;
-    if (n + sign * frontends > 0) this.r.spreads.set(p.spread, n + sign * frontends);
+    if (n + sign * p.frontends > 0) this.r.spreads.set(p.spread, n + sign * p.frontends);
     else this.r.spreads.delete(p.spread);
   }
 
-  /** The transaction; maps endpoints-<i> past the new width are dropped from the state too. */
-  script(): string {
+  private touched(name: string): { was: Map<string, string | undefined>; items: Map<string, string> } {
+    let t = this.before.get(name);
+    if (!t) {
+      let items = this.r.sets.get(name);
+      if (!items) this.r.sets.set(name, (items = new Map()));
+      this.before.set(name, (t = { was: new Map(), items }));
+    }
+    return t;
+  }
+
+  /** The transaction (see NftUpdate.delta); maps endpoints-<i> past the new width are dropped from the state too. */
+  finish(): string | undefined {
+    if (!this.track) {
+      for (let i = width(this.r); i < this.widthBefore; i++) this.r.sets.delete(endpointsMap(i));
+      return this.changed ? undefined : '';
+    }
     const r = this.r;
     const t = `${NFT_FAMILY[r.family]} ${NFT_TABLE}`;
     const [wb, wa] = [this.widthBefore, width(r)];
     let block = '';
     for (let i = wb; i < wa; i++) block += pick(r.family, i);
-    for (const [n, had] of this.spreadsBefore) if (!had && r.spreads.has(n)) block += spread(r.family, r.markBit, n);
+    for (const [name, had] of this.spreadsBefore) if (!had && r.spreads.has(name)) block += spread(r.family, r.markBit, name);
     let dels = '';
     let adds = '';
-    for (const [set, was] of this.before) {
-      const items = r.sets.get(set)!;
+    for (const [set, { was, items }] of this.before) {
       const gone: string[] = [];
       const come: string[] = [];
       for (const [k, v] of was) {
@@ -209,7 +272,7 @@ class Edit {
     // What goes, once nothing names it: spread chains, then the pick chains
     // they jump to, then the maps those read (with their elements).
     let drops = '';
-    for (const [n, had] of this.spreadsBefore) if (had && !r.spreads.has(n)) drops += `delete chain ${t} spread-${n}\n`;
+    for (const [name, had] of this.spreadsBefore) if (had && !r.spreads.has(name)) drops += `delete chain ${t} ${name}\n`;
     for (let i = wa; i < wb; i++) drops += `delete chain ${t} pick-${i}\n`;
     for (let i = wa; i < wb; i++) {
       drops += `delete map ${t} ${endpointsMap(i)}\n`;
@@ -232,23 +295,23 @@ function servedNft(served: ServedPort, family: Family): ServedNft {
   const items: ServedNft['items'] = [];
   if (served.endpoints.length === 0) {
     for (const k of keys) items.push(['no-endpoints', k, '']);
-    return { items, spread: 0 };
+    return { items, spread: '', frontends: 0 };
   }
   const eps = [...served.endpoints].sort((a, b) => compareText(a.address, b.address) || a.port - b.port);
   const comment = ` comment "${served.comment.slice(0, MAX_NFT_COMMENT)}"`;
+  const spread = spreadName(eps.length, served.masquerade);
   for (const k of keys) {
-    items.push(['services', k, `${comment} : goto spread-${eps.length}`]);
+    items.push(['services', k, `${comment} : goto ${spread}`]);
     eps.forEach((e, i) => items.push([endpointsMap(i), k, ` : ${e.address} . ${e.port}`]));
-    if (served.masquerade) items.push(['masquerading', k, '']);
     // Local keeps the client's address, except for a pod reaching itself
     // through the frontend: its reply must come back through this node.
-    else for (const a of new Set(eps.map((e) => e.address))) items.push(['hairpin', `${k} . ${a}`, '']);
+    if (!served.masquerade) for (const a of new Set(eps.map((e) => e.address))) items.push(['hairpin', `${k} . ${a}`, '']);
     if (served.restrictSources) {
       items.push(['restricted', k, '']);
       for (const r of outermost(served.sourceRanges, family)) items.push(['allowed', `${k} . ${r}`, '']);
     }
   }
-  return { items, spread: eps.length };
+  return { items, spread, frontends: keys.length };
 }
 
 /**
@@ -282,7 +345,6 @@ function skeleton(family: Family, markBit: number): string {
   const clear = hex(~markBit >>> 0);
   return [
     `\tmap services { type ${key} : verdict; }`,
-    `\tset masquerading { type ${key}; }`,
     `\tset hairpin { type ${key} . ${addr}; }`,
     `\tset no-endpoints { type ${key}; }`,
     `\tset restricted { type ${key}; }`,
@@ -308,13 +370,14 @@ function pick(family: Family, i: number): string {
   );
 }
 
-/** The chain for frontends with `n` endpoints: marks what must be masqueraded, then picks one endpoint at random. */
-function spread(family: Family, markBit: number, n: number): string {
+/** A spread-<n> or local-<n> chain: marks what must be masqueraded, then picks one of n endpoints at random. */
+function spread(family: Family, markBit: number, name: string): string {
   const ip = NFT_FAMILY[family];
-  const frontend = `${ip} daddr . meta l4proto . th dport`;
+  const n = spreadWidth(name);
   const mark = `meta mark set meta mark | ${hex(markBit)}`;
+  const masquerade = name.startsWith('spread-') ? mark : `${ip} daddr . meta l4proto . th dport . ${ip} saddr @hairpin ${mark}`;
   const choose = n === 1 ? 'goto pick-0' : `numgen random mod ${n} vmap { ${Array.from({ length: n }, (_, i) => `${i} : goto pick-${i}`).join(', ')} }`;
-  return `\tchain spread-${n} { ${frontend} @masquerading ${mark}; ${frontend} . ${ip} saddr @hairpin ${mark}; ${choose}; }\n`;
+  return `\tchain ${name} { ${masquerade}; ${choose}; }\n`;
 }
 
 function elementList(m: ReadonlyMap<string, string>, keys?: readonly string[]): string {
@@ -329,7 +392,7 @@ export function nftScript(r: NftRuleset): string {
   let out = `add table ${t}\ndelete table ${t}\ntable ${t} {\n\tcomment "pier: LoadBalancer frontends of this node; managed by pier agent"\n`;
   out += skeleton(r.family, r.markBit);
   for (let i = 0; i < width(r); i++) out += pick(r.family, i);
-  for (const n of [...r.spreads.keys()].sort((a, b) => a - b)) out += spread(r.family, r.markBit, n);
+  for (const name of [...r.spreads.keys()].sort(compareText)) out += spread(r.family, r.markBit, name);
   out += '}\n';
   for (const [set, items] of r.sets) if (items.size > 0) out += `add element ${t} ${set} { ${elementList(items)} }\n`;
   return out;
@@ -382,7 +445,7 @@ export function parseNftJson(text: string): NftObserved {
 export function nftDrift(applied: NftRuleset, observed: NftObserved): string[] {
   const found: string[] = [];
   const want = new Map<string, number>(Object.entries(FIXED_RULES));
-  for (const n of applied.spreads.keys()) want.set(`spread-${n}`, SPREAD_RULES);
+  for (const name of applied.spreads.keys()) want.set(name, SPREAD_RULES);
   for (let i = 0; i < width(applied); i++) want.set(`pick-${i}`, PICK_RULES);
   for (const [name, n] of want) {
     const have = observed.chains.get(name);

@@ -37,12 +37,13 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { Applier, eachFamily, findDrift, diffJumps, type ApplyResult } from '../agent/applier.ts';
 import { HeadStart } from '../agent/headstart.ts';
-import { Xtables, commandRunner, type Backend } from '../agent/iptables.ts';
+import { Xtables, commandRunner, type Backend, type Runner } from '../agent/iptables.ts';
 import { NftApplier, type NftApplyResult } from '../agent/nft-applier.ts';
 import { NftRenderer } from '../agent/nft.ts';
 import { SyncPipeline } from '../agent/pipeline.ts';
 import type { Ruleset } from '../agent/render.ts';
 import { parseSave, restoreText, splitRule } from '../agent/restore.ts';
+import type { ServedPort } from '../agent/model.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../test/lab/scratch.ts';
 import { ROOT, transpile } from './transpile.ts';
@@ -64,7 +65,8 @@ const dualRepeat = Number(process.env['PIER_BENCH_DUAL_REPEAT'] ?? '5');
 /** nftables backend (issue 18): its cold sync against the iptables backend's raw restore of the same Services. */
 const NFT_COLD_RATIO = 0.5;
 const NFT_CHANGE_MS = 10;
-const COLD_RATIO = 1.2;
+/** Issue 18 holds the iptables backend to its figures then: 1.2 was the scale issue's. */
+const COLD_RATIO = 1.15;
 const CHANGE_MS = 150;
 const CHANGE_RATIO = 3;
 /** "Cheap": what a no-op sync may cost at the largest size (it was 321 ms at 10,000 ports). */
@@ -147,8 +149,8 @@ const PAGE = 500;
  * would finish arriving, all but the last of each. Returns the rest: the last
  * pages, which arrive when the lists end, on the cold sync's clock.
  */
-function listAhead(p: SyncPipeline, objs: Objects, addresses: string[], families: Family[]): () => void {
-  const head = new HeadStart(p, families);
+function listAhead(p: SyncPipeline, objs: Objects, addresses: string[], families: Family[], prepare?: (served: ServedPort) => void): () => void {
+  const head = new HeadStart(p, families, prepare);
   head.node(addresses);
   const pages = <T>(list: T[]) => Array.from({ length: Math.ceil(list.length / PAGE) }, (_, i) => list.slice(i * PAGE, (i + 1) * PAGE));
   const feeds = [
@@ -171,10 +173,19 @@ function firstPayload(rs: Ruleset): string {
 const ms = (t0: number) => performance.now() - t0;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
+/**
+ * Commands in the scratch namespace, as the agent runs them on its node:
+ * nsenter enters the network namespace only, where `ip netns exec` also
+ * remounts /sys, ~15 ms a command on this machine that an agent never pays.
+ */
+function inNamespace(ns: string): Runner {
+  return commandRunner(['nsenter', `--net=/run/netns/${ns}`]);
+}
+
 async function withScratch<T>(fn: (s: Scratch, xt: Xtables, xt6: Xtables) => Promise<T>): Promise<T> {
   const s = await scratchNamespace();
   try {
-    const runner = commandRunner(['ip', 'netns', 'exec', s.ns]);
+    const runner = inNamespace(s.ns);
     return await fn(s, new Xtables('ipv4', backend, runner), new Xtables('ipv6', backend, runner));
   } finally {
     await s.destroy();
@@ -428,35 +439,39 @@ for (const n of sizes) {
     await withScratch(async (s) => {
       const p = pipeline();
       const renderer = new NftRenderer('ipv4', MARK_BIT);
-      const applier = new NftApplier('ipv4', commandRunner(['ip', 'netns', 'exec', s.ns]));
-      const nftSync = async (verify = false): Promise<NftApplyResult> => {
-        const model = p.model({ nodeAddresses: [NODE_IP], services: [...objs.services], slices: [...objs.slices] });
-        return applier.apply(renderer.update(model.ipv4), { verify });
-      };
-      const listed = listAhead(p, objs, [NODE_IP], []);
-      const t0 = performance.now();
-      listed();
-      const res = await nftSync();
-      colds.push(ms(t0));
-      if (res.mode !== 'full') throw new Error(`expected a full nft sync, got ${res.mode}`);
-      if (k !== coldRepeat - 1) return;
-      const noops: number[] = [];
-      const changes: number[] = [];
-      const verifies: number[] = [];
-      for (let r = 0; r < repeat; r++) {
-        let t = performance.now();
-        if ((await nftSync()).mode !== 'noop') throw new Error('expected a no-op nft sync');
-        noops.push(ms(t));
-        objs.slices[0] = decoded(slice(0, 100 + r));
-        t = performance.now();
-        const c = await nftSync();
-        changes.push(ms(t));
-        if (c.mode !== 'partial') throw new Error(`expected a partial nft sync, got ${c.mode}`);
-        t = performance.now();
-        if ((await nftSync(true)).mode !== 'noop') throw new Error('expected a no-op verifying nft sync');
-        verifies.push(ms(t));
+      const applier = new NftApplier('ipv4', inNamespace(s.ns));
+      try {
+        const nftSync = async (verify = false): Promise<NftApplyResult> => {
+          const model = p.model({ nodeAddresses: [NODE_IP], services: [...objs.services], slices: [...objs.slices] });
+          return applier.apply(renderer.update(model.ipv4, { transaction: applier.holdsTable }), { verify });
+        };
+        const listed = listAhead(p, objs, [NODE_IP], [], (served) => renderer.prepare(served));
+        const t0 = performance.now();
+        listed();
+        const res = await nftSync();
+        colds.push(ms(t0));
+        if (res.mode !== 'full') throw new Error(`expected a full nft sync, got ${res.mode}`);
+        if (k !== coldRepeat - 1) return;
+        const noops: number[] = [];
+        const changes: number[] = [];
+        const verifies: number[] = [];
+        for (let r = 0; r < repeat; r++) {
+          let t = performance.now();
+          if ((await nftSync()).mode !== 'noop') throw new Error('expected a no-op nft sync');
+          noops.push(ms(t));
+          objs.slices[0] = decoded(slice(0, 100 + r));
+          t = performance.now();
+          const c = await nftSync();
+          changes.push(ms(t));
+          if (c.mode !== 'partial') throw new Error(`expected a partial nft sync, got ${c.mode}`);
+          t = performance.now();
+          if ((await nftSync(true)).mode !== 'noop') throw new Error('expected a no-op verifying nft sync');
+          verifies.push(ms(t));
+        }
+        steady = { change: median(changes), noop: median(noops), verify: median(verifies) };
+      } finally {
+        applier.close();
       }
-      steady = { change: median(changes), noop: median(noops), verify: median(verifies) };
     });
   }
   const nftCold = median(colds);

@@ -3,20 +3,26 @@
 // afterwards is what the renderer meant (nftDrift finds nothing), whether the
 // table was written whole or reached through a delta. That is what lets the
 // agent change a few elements per sync and still judge drift by reading back.
+// Deltas go through a resident nft (NftSession), as the agent sends them.
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildModel } from '../../agent/model.ts';
+import { commandRunner } from '../../agent/iptables.ts';
 import { NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, renderNft, type NftRuleset } from '../../agent/nft.ts';
+import { NftSession } from '../../agent/nft-session.ts';
 import type { Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
 import { MARK, modelArb, toInput, worldArb } from '../unit/agent-fixtures.ts';
 
 describe('pier tables through nft', () => {
   let s: Scratch;
+  let session: NftSession;
   beforeAll(async () => {
     s = await scratchNamespace();
+    session = new NftSession(commandRunner(['nsenter', `--net=/run/netns/${s.ns}`]).start!);
   });
   afterAll(async () => {
+    session?.close();
     await s?.destroy();
   });
 
@@ -38,7 +44,7 @@ describe('pier tables through nft', () => {
           const { delta, state } = r.update(b[family]);
           if (delta !== '') {
             deltas++;
-            await nft(delta);
+            await session.run(delta!);
           }
           expect(await drift(family, state), `${family} delta\n${delta}`).toEqual([]);
           // Written whole over an existing table: the same state again.
@@ -52,6 +58,22 @@ describe('pier tables through nft', () => {
     // The property is only worth something if most pairs did change something.
     expect(deltas).toBeGreaterThan(25);
   }, 600_000);
+
+  it('a resident nft reports what it refuses, in nft\'s words, changes nothing then, and outlives its process', async () => {
+    const want = renderNft(buildModel(toInput({ services: [] })).ipv4, MARK);
+    await nft(nftScript(want));
+    const add = 'add element ip pier no-endpoints { 192.0.2.11 . tcp . 80 }';
+    // The second command fails: the transaction as a whole is refused.
+    await expect(session.run(`${add}\nadd element ip pier no-such-set { 192.0.2.11 . tcp . 81 }`)).rejects.toThrow(/nft refused the transaction: .*No such file or directory/);
+    const elements = async () => (await s.exec('nft', ['list', 'set', 'ip', 'pier', 'no-endpoints'])).stdout;
+    expect(await elements()).not.toContain('192.0.2.11');
+    await session.run(add);
+    expect(await elements()).toContain('192.0.2.11 . tcp . 80');
+    // Its process gone under way: that transaction fails, and the next starts another.
+    await expect(session.run('quit')).rejects.toThrow(/nft -i exited \(code 0\)/);
+    await session.run('add element ip pier no-endpoints { 192.0.2.11 . tcp . 82 }');
+    expect(await elements()).toContain('192.0.2.11 . tcp . 82');
+  });
 
   it('sees what another program changed in the table', async () => {
     const w = fc.sample(worldArb.filter((x) => buildModel(toInput(x)).ipv4.ports.some((p) => p.endpoints.length > 0)), { numRuns: 1, seed: 7 })[0]!;

@@ -368,7 +368,8 @@ describe('pier on real nodes, deployed as the README says', () => {
     // Known gap (issue 18): in 2 of ~35 switches one address refused connections
     // at once (ECONNREFUSED, 8 and 11 in a row, ~200 ms; IPv6 on n1 the last
     // time); printed, with the agents' logs, until understood.
-    console.log(`[real-node] backend switch: failed ${failed.map((f, i) => `${f.length} of ${results[i]!.length}${f[0] ? ` (${f[0].error})` : ''}`).join(', ')}; SYNs retransmitted: ${(await synRetransmits()) - synsBefore}`);
+    const when = (f: ProbeResult[]) => (f[0] ? ` (${f[0].error}, ${new Date(f[0].at!).toISOString()} to ${new Date(f.at(-1)!.at!).toISOString()})` : '');
+    console.log(`[real-node] backend switch: failed ${failed.map((f, i) => `${f.length} of ${results[i]!.length}${when(f)}`).join(', ')}; SYNs retransmitted: ${(await synRetransmits()) - synsBefore}`);
     if (failed.some((f) => f.length > 0)) {
       console.log(await cluster.kubectl(['-n', SYSTEM, 'logs', '-l', 'app.kubernetes.io/name=pier-agent', '--tail=40', '--prefix']));
     }

@@ -65,6 +65,8 @@ export interface LabNode extends Endpoint {
 export interface ProbeResult {
   ok: boolean;
   ms: number;
+  /** When the attempt began, epoch ms. */
+  at?: number;
   reply?: { pod: string; proto: string; peer: string; peerPort: number };
   error?: string;
 }

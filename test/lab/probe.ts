@@ -28,6 +28,8 @@ const timeoutMs = Number(values.timeout);
 interface Attempt {
   ok: boolean;
   ms: number;
+  /** When the attempt began, epoch ms: to line failures up with the agents' logs. */
+  at?: number;
   reply?: unknown;
   error?: string;
 }
@@ -78,6 +80,7 @@ const once = values.proto === 'udp' ? udpOnce : tcpOnce;
 const count = Number(values.count);
 const interval = Number(values.interval);
 for (let i = 0; i < count; i++) {
-  process.stdout.write(`${JSON.stringify(await once())}\n`);
+  const at = Date.now();
+  process.stdout.write(`${JSON.stringify({ at, ...(await once()) })}\n`);
   if (interval > 0 && i + 1 < count) await new Promise((r) => setTimeout(r, interval));
 }

@@ -6,7 +6,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel, parseAddress, parseCidr, type ServedPort } from '../../agent/model.ts';
-import { emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, width, type NftRuleset } from '../../agent/nft.ts';
+import { emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, spreadName, width, type NftRuleset } from '../../agent/nft.ts';
 import { MARK, toInput, worldArb } from './agent-fixtures.ts';
 
 const PROTO = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' } as const;
@@ -25,11 +25,12 @@ function verdict(r: NftRuleset, key: string, client: string) {
   if (set('restricted').has(key) && ![...set('allowed').keys()].some((k) => k.startsWith(`${key} . `) && inRange(client, k.slice(key.length + 3)))) return 'dropped';
   const service = set('services').get(key);
   if (!service) return set('no-endpoints').has(key) ? 'rejected' : 'untouched';
-  const n = Number(/goto spread-(\d+)$/.exec(service)![1]);
-  expect(r.spreads.has(n)).toBe(true);
+  const [, chain, policy, count] = /goto ((spread|local)-(\d+))$/.exec(service)!;
+  const n = Number(count);
+  expect(r.spreads.has(chain!)).toBe(true);
   expect(width(r)).toBeGreaterThanOrEqual(n);
   const to = Array.from({ length: n }, (_, i) => set(`endpoints-${i}`).get(key)!.slice(3));
-  const masquerade = set('masquerading').has(key) || set('hairpin').has(`${key} . ${client}`);
+  const masquerade = policy === 'spread' || set('hairpin').has(`${key} . ${client}`);
   return { to: to.sort(), masquerade };
 }
 
@@ -60,7 +61,7 @@ describe('renderNft', () => {
           for (const name of ['services', 'no-endpoints', 'restricted']) for (const k of r.sets.get(name)!.keys()) expect(keys.has(k)).toBe(true);
           // A map per endpoint index, up to the largest count.
           expect([...r.sets.keys()].filter((s) => s.startsWith('endpoints-')).sort()).toEqual(Array.from({ length: width(r) }, (_, i) => `endpoints-${i}`).sort());
-          expect([...r.spreads.keys()].sort()).toEqual([...new Set(m[family].ports.filter((p) => p.endpoints.length > 0).map((p) => p.endpoints.length))].sort());
+          expect([...r.spreads.keys()].sort()).toEqual([...new Set(m[family].ports.filter((p) => p.endpoints.length > 0).map((p) => spreadName(p.endpoints.length, p.masquerade)))].sort());
         }
       }),
       { numRuns: 200 },
@@ -99,13 +100,13 @@ describe('NftRenderer', () => {
           }
         }
       }
-      m = /^\tchain spread-(\d+) \{/.exec(line);
+      m = /^\tchain ((?:spread|local)-\d+) \{/.exec(line);
       if (m) {
-        expect(out.spreads.has(Number(m[1])), line).toBe(false);
-        out.spreads.set(Number(m[1]), 1);
+        expect(out.spreads.has(m[1]!), line).toBe(false);
+        out.spreads.set(m[1]!, 1);
       }
-      m = /^delete chain ip6? pier spread-(\d+)$/.exec(line);
-      if (m) out.spreads.delete(Number(m[1]));
+      m = /^delete chain ip6? pier ((?:spread|local)-\d+)$/.exec(line);
+      if (m) out.spreads.delete(m[1]!);
     }
     return out;
   }
@@ -120,13 +121,18 @@ describe('NftRenderer', () => {
       fc.property(fc.array(worldArb, { minLength: 2, maxLength: 4 }), (worlds) => {
         for (const family of ['ipv4', 'ipv6'] as const) {
           const r = new NftRenderer(family, MARK);
+          // Asked for no transaction (a table written whole): the same states and versions.
+          const whole = new NftRenderer(family, MARK);
           let kernel = emptyNft(family, MARK);
           let version = 0;
           for (const w of worlds) {
             const model = buildModel(toInput(w))[family];
             const u = r.update(model);
             expect(u.since).toBe(version);
-            kernel = applied(kernel, u.delta);
+            kernel = applied(kernel, u.delta!);
+            const v = whole.update(model, { transaction: false });
+            expect([v.delta, v.version]).toEqual([u.delta === '' ? '' : undefined, u.version]);
+            sameSets(v.state, kernel);
             sameSets(kernel, renderNft(model, MARK));
             sameSets(u.state, kernel);
             version = u.version;
@@ -154,7 +160,7 @@ describe('nftDrift', () => {
     r.sets.get('services')!.set('192.0.2.11 . tcp . 80', ' comment "shop/web:http" : goto spread-1');
     r.sets.set('endpoints-0', new Map([['192.0.2.11 . tcp . 80', ' : 198.18.0.1 . 8080']]));
     r.sets.get('allowed')!.set('192.0.2.11 . tcp . 80 . 203.0.113.0/24', '');
-    r.spreads.set(1, 1);
+    r.spreads.set('spread-1', 1);
     const chain = (name: string, rules: number) => [{ chain: { name } }, ...Array.from({ length: rules }, () => ({ rule: { chain: name } }))];
     const json = (services: unknown[]) =>
       JSON.stringify({
@@ -162,10 +168,10 @@ describe('nftDrift', () => {
           { table: { name: 'pier' } },
           { map: { name: 'services', elem: services } },
           { map: { name: 'endpoints-0', elem: [[{ concat: ['192.0.2.11', 'tcp', 80] }, { concat: ['198.18.0.1', 8080] }]] } },
-          ...['masquerading', 'hairpin', 'no-endpoints', 'restricted'].map((name) => ({ set: { name } })),
+          ...['hairpin', 'no-endpoints', 'restricted'].map((name) => ({ set: { name } })),
           { set: { name: 'allowed', elem: [{ concat: ['192.0.2.11', 'tcp', 80, { prefix: { addr: '203.0.113.0', len: 24 } }] }] } },
           ...chain('filter-prerouting', 1), ...chain('filter-input', 1), ...chain('filter-output', 2),
-          ...chain('nat-prerouting', 1), ...chain('nat-output', 1), ...chain('nat-postrouting', 1), ...chain('spread-1', 3), ...chain('pick-0', 1),
+          ...chain('nat-prerouting', 1), ...chain('nat-output', 1), ...chain('nat-postrouting', 1), ...chain('spread-1', 2), ...chain('pick-0', 1),
         ],
       });
     const service = [{ elem: { val: { concat: ['192.0.2.11', 'tcp', 80] }, comment: 'shop/web:http' } }, { goto: { target: 'spread-1' } }];
