@@ -6,7 +6,7 @@ import { silentLogger, type Logger } from '../lib/log.ts';
 import { IptablesError, type Runner } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
 import { NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
-import { NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
+import { firstLines, NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
 import type { ApplyMode } from './applier.ts';
 
 export interface NftApplyResult {
@@ -110,10 +110,6 @@ export class NftApplier {
     const r = await this.run('nft', ['-f', '-'], script);
     if (r.exitCode !== 0) throw new IptablesError(`nft -f failed (exit ${r.exitCode}): ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
   }
-}
-
-function firstLines(text: string): string {
-  return text.trim().split('\n').slice(0, 3).join(' | ');
 }
 
 /**

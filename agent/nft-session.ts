@@ -23,6 +23,11 @@ const TIMEOUT_MS = 30_000;
  */
 export const SESSION_MAX_BYTES = 8 * 1024;
 
+/** The first lines of what nft printed, on one line: enough for an error message. */
+export function firstLines(text: string): string {
+  return text.trim().split('\n').slice(0, 3).join(' | ');
+}
+
 interface Pending {
   marker: string;
   resolve: () => void;
@@ -96,7 +101,7 @@ export class NftSession {
       if (this.proc !== proc) return;
       this.proc = undefined;
       const how = r.failed && r.exitCode === undefined ? `could not start: ${r.shortMessage}` : `exited (${r.signal ?? `code ${r.exitCode}`})`;
-      this.fail(new IptablesError(`nft -i ${how}: ${this.stderr.trim().split('\n').slice(0, 3).join(' | ')}`, this.stderr, r.exitCode));
+      this.fail(new IptablesError(`nft -i ${how}: ${firstLines(this.stderr)}`, this.stderr, r.exitCode));
     });
     return proc;
   }
@@ -115,7 +120,7 @@ export class NftSession {
     this.pending = undefined;
     clearTimeout(p.timer);
     if (own === '') p.resolve();
-    else p.reject(new IptablesError(`nft refused the transaction: ${own.split('\n').slice(0, 3).join(' | ')}`, own, 1));
+    else p.reject(new IptablesError(`nft refused the transaction: ${firstLines(own)}`, own, 1));
   }
 
   private fail(err: Error): void {

@@ -142,7 +142,7 @@ interface RuleSpec {
  * after every other match, so a packet meets only the comment of the rule
  * it takes.
  */
-export function formatRule(r: RuleSpec): string {
+function formatRule(r: RuleSpec): string {
   let out = '';
   if (r.ct?.notState) out += `-m conntrack ! --ctstate ${r.ct.notState} `;
   if (r.ct?.state) out += `-m conntrack --ctstate ${r.ct.state} `;
