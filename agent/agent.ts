@@ -22,7 +22,7 @@ import { NftRenderer, nftCounts, nftScript, NFT_TABLE, type NftUpdate } from './
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
 import { problemKey, servedFamily, type Model, type Problem } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
-import { TABLES, type Ruleset } from './render.ts';
+import { TABLES, type MarkBits, type Ruleset } from './render.ts';
 import { planText, restoreText } from './restore.ts';
 import { removePierRules } from './removal.ts';
 import { checkForwarding } from './sysctl.ts';
@@ -38,7 +38,8 @@ export interface AgentConfig {
   backend: 'auto' | RuleBackend;
   /** The iptables flavour, for the iptables backend. */
   iptablesBackend: 'auto' | Backend;
-  markBit: number;
+  /** The connection-mark bits pier's rules set (masks, e.g. 0x2000). */
+  marks: MarkBits;
   maxPortsPerService: number;
   minSyncIntervalMs: number;
   resyncPeriodMs: number;
@@ -121,10 +122,6 @@ export class Agent {
   private readyDetail = 'no successful sync yet';
   ready = false;
 
-  private get markBit(): number {
-    return 1 << this.cfg.markBit;
-  }
-
   constructor(cfg: AgentConfig, deps: AgentDeps) {
     this.cfg = cfg;
     this.deps = deps;
@@ -153,7 +150,7 @@ export class Agent {
         defaultClass: cfg.defaultClass,
         maxPortsPerService: cfg.maxPortsPerService,
       },
-      render: { markBit: this.markBit },
+      render: { marks: cfg.marks },
     });
     this.events = new EventRecorder({ kc: deps.kc, controller: 'pier.dev/agent', instance: cfg.nodeName, log: this.log });
     this.coalescer = new Coalescer((o) => this.sync(o), {
@@ -483,7 +480,7 @@ export class Agent {
 
   private nftRenderer(family: Family): NftRenderer {
     let r = this.nftRenderers.get(family);
-    if (!r) this.nftRenderers.set(family, (r = new NftRenderer(family, this.markBit)));
+    if (!r) this.nftRenderers.set(family, (r = new NftRenderer(family, this.cfg.marks.masquerade)));
     return r;
   }
 

@@ -1,10 +1,12 @@
 // `pier agent`: flags and environment to an Agent, signals to a clean stop.
 import { KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
+import type { OptionValue } from '../lib/config.ts';
 import { DEFAULT_NAMESPACE } from '../lib/contract.ts';
 import { reuseConnections } from '../lib/connections.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
 import { Agent, type AgentConfig } from './agent.ts';
+import type { MarkBits } from './render.ts';
 
 export const BACKEND_OPTION = {
   name: 'iptables-backend',
@@ -13,6 +15,19 @@ export const BACKEND_OPTION = {
   default: 'auto',
   help: 'iptables flavour for the iptables backend; auto detects the one the host uses (kubelet hint chains, then rule counts)',
 } as const;
+
+/** The connection-mark bits of pier's rules (MarkBits); plan and trace take them too, to render what the agent would. */
+export const MARK_OPTIONS = [
+  { name: 'accept-bit', type: 'int', default: 13, min: 0, max: 31, help: "connection-mark bit of the connections pier's FORWARD rules accept (13 is 0x2000; iptables backend)" },
+  { name: 'masquerade-bit', type: 'int', default: 12, min: 0, max: 31, help: 'connection-mark bit of the connections pier masquerades (12 is 0x1000); kube-proxy uses packet-mark bits 14 and 15 and no connection mark' },
+] as const;
+
+/** MARK_OPTIONS' values as masks, or what is wrong with them. */
+export function markBitsOf(v: Record<string, OptionValue>): MarkBits | string {
+  const [accept, masquerade] = [v['accept-bit'] as number, v['masquerade-bit'] as number];
+  if (accept === masquerade) return `--accept-bit and --masquerade-bit are both ${accept}: give them different bits`;
+  return { accept: 2 ** accept, masquerade: 2 ** masquerade };
+}
 
 export const RULE_BACKEND_OPTION = {
   name: 'backend',
@@ -36,7 +51,7 @@ export const AGENT_SPEC: CommandSpec = {
     { name: 'set-sysctls', type: 'boolean', default: false, help: 'turn on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding when off (needs a writable /proc/sys)' },
     RULE_BACKEND_OPTION,
     BACKEND_OPTION,
-    { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, help: 'packet-mark bit that asks for masquerading, and connection-mark bit of connections pier\'s FORWARD rules accepted (13 is 0x2000; kube-proxy uses packet-mark bits 14 and 15)' },
+    ...MARK_OPTIONS,
     { name: 'max-ports-per-service', type: 'int', default: 256, min: 1, max: 65535, help: 'Services with more ports are skipped with a Warning Event' },
     { name: 'min-sync-interval', type: 'duration', default: 250, min: 0, help: 'shortest time between two syncs; changes in between are coalesced' },
     { name: 'resync-period', type: 'duration', default: 30_000, min: 1000, help: 'verifying sync (sysctls, pier chains and jumps read back and healed) at least this often' },
@@ -62,6 +77,11 @@ export async function runAgent(argv: string[]): Promise<number> {
     process.stderr.write('pier agent: --lease-renew-interval must be shorter than --lease-duration\n');
     return 2;
   }
+  const marks = markBitsOf(v);
+  if (typeof marks === 'string') {
+    process.stderr.write(`pier agent: ${marks}\n`);
+    return 2;
+  }
   const { kc, source } = loadKubeConfig({ kubeconfig: v['kubeconfig'] as string | undefined });
   reuseConnections(kc);
   log.info({ kubeconfig: source, server: kc.getCurrentCluster()?.server }, 'using Kubernetes credentials');
@@ -74,7 +94,7 @@ export async function runAgent(argv: string[]): Promise<number> {
     setSysctls: v['set-sysctls'] as boolean,
     backend: v['backend'] as AgentConfig['backend'],
     iptablesBackend: v['iptables-backend'] as AgentConfig['iptablesBackend'],
-    markBit: v['masquerade-bit'] as number,
+    marks,
     maxPortsPerService: v['max-ports-per-service'] as number,
     minSyncIntervalMs: v['min-sync-interval'] as number,
     resyncPeriodMs: v['resync-period'] as number,

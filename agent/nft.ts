@@ -67,7 +67,8 @@ const MAX_NFT_COMMENT = 127;
 
 export interface NftRuleset {
   family: Family;
-  markBit: number;
+  /** The connection-mark bit that asks nat-postrouting to masquerade (the iptables backend's, MarkBits.masquerade). */
+  masqueradeBit: number;
   /**
    * Each set's elements, by set name (FIXED_SETS, then endpoints-0 ..
    * endpoints-<width-1>): key as nft prints it, to what follows the key (a
@@ -116,8 +117,8 @@ interface ServedNft {
 
 const PROTO: Record<Protocol, string> = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' };
 
-export function emptyNft(family: Family, markBit: number): NftRuleset {
-  return { family, markBit, sets: new Map(FIXED_SETS.map((s) => [s, new Map<string, string>()])), spreads: new Map() };
+export function emptyNft(family: Family, masqueradeBit: number): NftRuleset {
+  return { family, masqueradeBit, sets: new Map(FIXED_SETS.map((s) => [s, new Map<string, string>()])), spreads: new Map() };
 }
 
 /** What NftRenderer.update gives: the table now, and the transaction to it from the table of version `since`. */
@@ -152,8 +153,8 @@ export class NftRenderer {
   /** Served ports rendered while the informers list (the agent's HeadStart); dropped by the first update. */
   private prepared: WeakMap<ServedPort, ServedNft> | undefined = new WeakMap();
 
-  constructor(family: Family, markBit: number) {
-    this.state = emptyNft(family, markBit);
+  constructor(family: Family, masqueradeBit: number) {
+    this.state = emptyNft(family, masqueradeBit);
   }
 
   /** A served port the first update will add, rendered ahead. */
@@ -253,7 +254,7 @@ class Edit {
     const [wb, wa] = [this.widthBefore, width(r)];
     let block = '';
     for (let i = wb; i < wa; i++) block += pick(r.family, i);
-    for (const [name, had] of this.spreadsBefore) if (!had && r.spreads.has(name)) block += spread(r.family, r.markBit, name);
+    for (const [name, had] of this.spreadsBefore) if (!had && r.spreads.has(name)) block += spread(r.family, r.masqueradeBit, name);
     let dels = '';
     let adds = '';
     for (const [set, { was, items }] of this.before) {
@@ -285,8 +286,8 @@ class Edit {
 }
 
 /** The whole table for a model, from scratch: `pier plan`, and the oracle of the tests. */
-export function renderNft(model: FamilyModel, markBit: number): NftRuleset {
-  return new NftRenderer(model.family, markBit).update(model).state;
+export function renderNft(model: FamilyModel, masqueradeBit: number): NftRuleset {
+  return new NftRenderer(model.family, masqueradeBit).update(model).state;
 }
 
 function servedNft(served: ServedPort, family: Family): ServedNft {
@@ -335,14 +336,13 @@ function hex(n: number): string {
 }
 
 /** The set declarations and the chains on hooks, which do not depend on the model. */
-function skeleton(family: Family, markBit: number): string {
+function skeleton(family: Family, masqueradeBit: number): string {
   const addr = family === 'ipv4' ? 'ipv4_addr' : 'ipv6_addr';
   const ip = NFT_FAMILY[family];
   const key = `${addr} . inet_proto . inet_service`;
   const frontend = `${ip} daddr . meta l4proto . th dport`;
   const sources = `${frontend} @restricted ${frontend} . ${ip} saddr != @allowed drop`;
   const reject = `ct state new ${frontend} @no-endpoints reject`;
-  const clear = hex(~markBit >>> 0);
   return [
     `\tmap services { type ${key} : verdict; }`,
     `\tset hairpin { type ${key} . ${addr}; }`,
@@ -355,7 +355,7 @@ function skeleton(family: Family, markBit: number): string {
     `\tchain filter-output { type filter hook output priority -110; policy accept; ${sources}; ${reject}; }`,
     `\tchain nat-prerouting { type nat hook prerouting priority -100; policy accept; ${frontend} vmap @services; }`,
     `\tchain nat-output { type nat hook output priority -100; policy accept; ${frontend} vmap @services; }`,
-    `\tchain nat-postrouting { type nat hook postrouting priority 100; policy accept; meta mark & ${hex(markBit)} != 0 meta mark set meta mark & ${clear} masquerade; }`,
+    `\tchain nat-postrouting { type nat hook postrouting priority 100; policy accept; ct mark & ${hex(masqueradeBit)} != 0 masquerade; }`,
     '',
   ].join('\n');
 }
@@ -370,11 +370,16 @@ function pick(family: Family, i: number): string {
   );
 }
 
-/** A spread-<n> or local-<n> chain: marks what must be masqueraded, then picks one of n endpoints at random. */
-function spread(family: Family, markBit: number, name: string): string {
+/**
+ * A spread-<n> or local-<n> chain: marks the connections to masquerade, then
+ * picks one of n endpoints at random. A connection mark, as the iptables
+ * backend's: a packet mark would have to be cleared before masquerade, or a
+ * tunnel's outer packet would carry it.
+ */
+function spread(family: Family, masqueradeBit: number, name: string): string {
   const ip = NFT_FAMILY[family];
   const n = spreadWidth(name);
-  const mark = `meta mark set meta mark | ${hex(markBit)}`;
+  const mark = `ct mark set ct mark | ${hex(masqueradeBit)}`;
   const masquerade = name.startsWith('spread-') ? mark : `${ip} daddr . meta l4proto . th dport . ${ip} saddr @hairpin ${mark}`;
   const choose = n === 1 ? 'goto pick-0' : `numgen random mod ${n} vmap { ${Array.from({ length: n }, (_, i) => `${i} : goto pick-${i}`).join(', ')} }`;
   return `\tchain ${name} { ${masquerade}; ${choose}; }\n`;
@@ -390,9 +395,9 @@ function elementList(m: ReadonlyMap<string, string>, keys?: readonly string[]): 
 export function nftScript(r: NftRuleset): string {
   const t = `${NFT_FAMILY[r.family]} ${NFT_TABLE}`;
   let out = `add table ${t}\ndelete table ${t}\ntable ${t} {\n\tcomment "pier: LoadBalancer frontends of this node; managed by pier agent"\n`;
-  out += skeleton(r.family, r.markBit);
+  out += skeleton(r.family, r.masqueradeBit);
   for (let i = 0; i < width(r); i++) out += pick(r.family, i);
-  for (const name of [...r.spreads.keys()].sort(compareText)) out += spread(r.family, r.markBit, name);
+  for (const name of [...r.spreads.keys()].sort(compareText)) out += spread(r.family, r.masqueradeBit, name);
   out += '}\n';
   for (const [set, items] of r.sets) if (items.size > 0) out += `add element ${t} ${set} { ${elementList(items)} }\n`;
   return out;

@@ -65,6 +65,7 @@ import {
   treeTable,
   TREES,
   type GroupTree,
+  type MarkBits,
   type ServedRules,
   type PortEntry,
   type RenderConfig,
@@ -606,8 +607,8 @@ interface RenderedPort {
   entries: Partial<Record<TreeName, readonly PortEntry[]>>;
 }
 
-function renderPort(served: ServedPort, family: Family, markBit: number): RenderedPort {
-  const r = servedRules(served, family, markBit);
+function renderPort(served: ServedPort, family: Family, marks: MarkBits): RenderedPort {
+  const r = servedRules(served, family, marks);
   const entries: RenderedPort['entries'] = {};
   for (let t = 0; t < TREES.length; t++) {
     const tree = TREES[t]!;
@@ -651,14 +652,14 @@ class IncrementalRenderer {
 
   /** A served port the first update will add, rendered ahead. */
   prepare(served: ServedPort): void {
-    this.prepared?.set(served, renderPort(served, this.family, this.config.markBit));
+    this.prepared?.set(served, renderPort(served, this.family, this.config.marks));
   }
 
   update(model: FamilyModel): Ruleset {
     if (model.family !== this.family) throw new Error(`a ${model.family} model for the ${this.family} renderer`);
     if (model === this.model && this.ruleset) return this.ruleset;
-    const { markBit } = this.config;
-    const fixed = fixedRules(markBit);
+    const { marks } = this.config;
+    const fixed = fixedRules(marks);
     const before = this.model?.ports ?? [];
     const after = model.ports;
     // Both sorted by key (buildModel's order); anything else is not a model
@@ -673,7 +674,7 @@ class IncrementalRenderer {
     for (const served of removed) {
       // Rendered again to learn where it was: cheaper than keeping every
       // served port's rules for the few that go.
-      const r = servedRules(served, this.family, markBit);
+      const r = servedRules(served, this.family, marks);
       for (const c of r.own) {
         retired[c.table].set(c.name, this.own[c.table].get(c.name)!);
         this.own[c.table].delete(c.name);
@@ -688,7 +689,7 @@ class IncrementalRenderer {
     this.prepared = undefined;
     for (let p = 0; p < added.length; p++) {
       const served = added[p]!;
-      const r = prepared?.get(served) ?? renderPort(served, this.family, markBit);
+      const r = prepared?.get(served) ?? renderPort(served, this.family, marks);
       for (let k = 0; k < r.own.length; k++) {
         const c = r.own[k]!;
         if (this.own[c.table].has(c.name)) throw new Unexpected(`chain ${c.name} twice`);
@@ -716,7 +717,7 @@ class IncrementalRenderer {
           groups.delete(`${g.address}|${g.protocol}`);
           continue;
         }
-        g.tree = buildGroupTree(tree, this.family, markBit, g.address, g.protocol, entries, g.tree && { tree: g.tree, changedPorts });
+        g.tree = buildGroupTree(tree, this.family, marks, g.address, g.protocol, entries, g.tree && { tree: g.tree, changedPorts });
       }
       const root: string[] = [...fixed.heads[tree]];
       for (const g of [...groups.values()].sort(compareGroups)) for (const rule of g.tree!.root) root.push(rule);

@@ -19,6 +19,7 @@ import { allocate, judgeNodes, REASONS, serviceKey, type AllocatorConfig } from 
 import { allocatorConfig, CONTROLLER_SPEC } from '../controller/main.ts';
 import { statusPatch } from '../controller/status.ts';
 import { nodeAddresses } from './agent.ts';
+import { MARK_OPTIONS, markBitsOf } from './main.ts';
 import { readManifestFiles, type Manifests } from './manifests.ts';
 import { SyncPipeline } from './pipeline.ts';
 import { nftScript, renderNft } from './nft.ts';
@@ -54,7 +55,7 @@ export const PLAN_SPEC: CommandSpec = {
     { name: 'backend', type: 'enum', values: ['iptables', 'nftables'], default: 'iptables', env: null, help: "iptables rules, or pier's nftables table (an nft -f script)" },
     { name: 'format', type: 'enum', values: ['restore', 'commands'], default: 'restore', env: null, help: 'iptables-restore input, or one iptables command per line (iptables backend)' },
     { name: 'filename', type: 'list', env: null, help: 'manifest file or directory (.yaml, .yml, .json; repeatable; -f works too)' },
-    { name: 'masquerade-bit', type: 'int', default: 13, min: 0, max: 31, env: null, help: 'packet-mark bit that asks for masquerading' },
+    ...MARK_OPTIONS.map((o) => ({ ...o, env: null })),
     ...ALLOCATOR_OPTIONS,
   ],
 };
@@ -180,19 +181,23 @@ export async function runPlan(argv: string[]): Promise<number> {
   const config = allocatorConfig(v);
   const { services, notes } = allocateOffline(manifests, nodeName, config);
   for (const line of notes) process.stderr.write(`pier plan: ${line}\n`);
-  const markBit = 1 << (v['masquerade-bit'] as number);
+  const marks = markBitsOf(v);
+  if (typeof marks === 'string') {
+    process.stderr.write(`pier plan: ${marks}\n`);
+    return 2;
+  }
   // The agent's own engine, from an empty state: what it would compute on this node.
   const pipeline = new SyncPipeline({
     nodeName,
     model: { loadBalancerClass: config.loadBalancerClass, defaultClass: config.defaultClass, maxPortsPerService: config.maxPortsPerService! },
-    render: { markBit },
+    render: { marks },
   });
   const model = pipeline.model({ nodeAddresses: nodeAddresses(node), services, slices: manifests.slices });
   for (const p of model.problems) {
     process.stderr.write(`pier plan: warning: ${p.service}${p.port ? ` port ${p.port}` : ''}: ${p.reason}: ${p.message}\n`);
   }
   const family = v['family'] as Family;
-  if (v['backend'] === 'nftables') process.stdout.write(nftScript(renderNft(model[family], markBit)));
+  if (v['backend'] === 'nftables') process.stdout.write(nftScript(renderNft(model[family], marks.masquerade)));
   else {
     const ruleset = pipeline.ruleset(model[family]);
     process.stdout.write(v['format'] === 'commands' ? commandsText(ruleset, family) : planText(ruleset));

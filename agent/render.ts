@@ -6,10 +6,10 @@
 //   nat    PREROUTING, OUTPUT -> PIER-SERVICES
 //            -d <address> -p <proto>      -> PIER-SVCS-<h>  one per address and protocol
 //              --dport <lo:hi>           -> PIER-SVCS-<h>  aligned port ranges, as deep as needed
-//                --dport <port>          [MARK] DNAT      a port with few endpoints: inline,
+//                --dport <port>  [CONNMARK] DNAT          a port with few endpoints: inline,
 //                                                         spread with -m statistic
 //                --dport <port>          -> PIER-SVC-<h>  a port with many: a chain of its own
-//          POSTROUTING -> PIER-POSTROUTING: masquerade what carries the mark bit
+//          POSTROUTING -> PIER-POSTROUTING: masquerade connections with the masquerade bit
 //   filter FORWARD -> PIER-FORWARD: accept pier's DNATed connections. Those
 //            to a port any source may use carry a connection mark, set by
 //            their nat rules, and are accepted at its first rule. Ports with
@@ -71,9 +71,23 @@ export interface Ruleset {
   tables: Record<TableName, TableRules>;
 }
 
+/**
+ * The connection-mark bits pier's nat rules set, one bit each, e.g. 0x2000
+ * and 0x1000. Connection marks, not packet marks: set at a connection's
+ * first packet, they cost no rule to clear (a packet mark would have to be
+ * cleared before MASQUERADE, or a tunnel's outer packet would carry it), and
+ * one CONNMARK sets both (bench:connect: 1.29x the single DNAT rule with a
+ * packet mark for masquerade, 1.22x with this).
+ */
+export interface MarkBits {
+  /** PIER-FORWARD accepts the connection at its first rule. */
+  accept: number;
+  /** PIER-POSTROUTING masquerades the connection. */
+  masquerade: number;
+}
+
 export interface RenderConfig {
-  /** The packet-mark bit that asks PIER-POSTROUTING to masquerade, e.g. 0x2000. */
-  markBit: number;
+  marks: MarkBits;
 }
 
 export const CHAIN_PREFIX = 'PIER-';
@@ -124,7 +138,6 @@ function protoText(name: string, number: number): ProtoText {
 /** One of pier's fixed rules (fixedRules): no port, no comment. */
 interface RuleSpec {
   ct?: { state?: string; notState?: string };
-  notMark?: string;
   /** `-m connmark --mark` value. */
   connmark?: string;
   target: string;
@@ -133,20 +146,20 @@ interface RuleSpec {
 /**
  * Matches in the order iptables-save prints them for rules written in this
  * order. Comments: with iptables-nft a comment is a compatibility match,
- * paid by every packet that reaches it, ~0.4 us each on a new connection's
- * path (bench:connect, "TCP connect": 1.34x the single DNAT rule with a
- * comment on each rule it takes, 1.24x with none). So pier's fixed rules,
- * its dispatch rules and a port's marks carry none, their chain names and
- * ports saying whose they are; the rules that decide a port's connection
- * (DNAT, REJECT, the source ranges' accept and drop) name its Service,
- * after every other match, so a packet meets only the comment of the rule
- * it takes.
+ * paid by every packet that reaches it, ~0.5-0.9 us each on a new
+ * connection's path (bench:connect, "TCP connect" at 10,000 ports: 1.33x the
+ * single DNAT rule with a comment on the DNAT rule, 1.26x without). So no
+ * rule on the path of a connection pier serves has one: not the fixed
+ * rules, the dispatch rules, a port's marks or its DNAT rules, whose
+ * addresses and ports say what they serve (`pier trace` names the
+ * Service). The rules that refuse or admit by source (REJECT, the source
+ * ranges' accept and drop) name the Service, after every other match, so a
+ * packet meets only the comment of the rule it takes.
  */
 function formatRule(r: RuleSpec): string {
   let out = '';
   if (r.ct?.notState) out += `-m conntrack ! --ctstate ${r.ct.notState} `;
   if (r.ct?.state) out += `-m conntrack --ctstate ${r.ct.state} `;
-  if (r.notMark) out += `-m mark ! --mark ${r.notMark} `;
   if (r.connmark) out += `-m connmark --mark ${r.connmark} `;
   return `${out}-j ${r.target}`;
 }
@@ -192,7 +205,7 @@ function statistic(n: number): string {
 }
 
 export function hex(n: number): string {
-  return `0x${n.toString(16)}`;
+  return `0x${(n >>> 0).toString(16)}`;
 }
 
 const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
@@ -252,8 +265,23 @@ const FAMILY_TEXT: Record<Family, FamilyText> = {
   },
 };
 
-/** `CONNMARK` and `MARK --set-xmark <bit>/<bit>` per mark bit. */
-const markTargets: Record<number, { connmark: string; mark: string }> = {};
+/** The CONNMARK targets a port's nat rules take, per pair of mark bits. */
+interface MarkTargets {
+  accept: string;
+  masquerade: string;
+  both: string;
+}
+const markTargetsCache = new Map<string, MarkTargets>();
+
+function markTargets(marks: MarkBits): MarkTargets {
+  const key = `${marks.accept}/${marks.masquerade}`;
+  let t = markTargetsCache.get(key);
+  if (!t) {
+    const set = (bits: number) => `CONNMARK --set-xmark ${hex(bits)}/${hex(bits)}`;
+    markTargetsCache.set(key, (t = { accept: set(marks.accept), masquerade: set(marks.masquerade), both: set(marks.accept | marks.masquerade) }));
+  }
+  return t;
+}
 
 // ---------------------------------------------------------------------------
 // One port's rules
@@ -316,7 +344,7 @@ function portRule(comment: string, target: string, s = '', origsrc = '', statist
 }
 
 /** The rules of one served port, for every tree it appears in. Pure. */
-export function servedRules(served: ServedPort, family: Family, markBit: number): ServedRules {
+export function servedRules(served: ServedPort, family: Family, marks: MarkBits): ServedRules {
   const text = FAMILY_TEXT[family];
   const comment = saveString(served.comment);
   const proto = PROTO[served.protocol].name;
@@ -325,32 +353,33 @@ export function servedRules(served: ServedPort, family: Family, markBit: number)
   if (endpoints.length === 0) return { trees: { noEndpoints: [portRule(comment, text.rejectTarget)] }, own };
 
   // nat: mark the connection as accepted when any source may use the port,
-  // and the packet when it must be masqueraded; then DNAT, spread when several.
-  const { connmark, mark } = markTargets[markBit] ?? (markTargets[markBit] = { connmark: `CONNMARK --set-xmark ${hex(markBit)}/${hex(markBit)}`, mark: `MARK --set-xmark ${hex(markBit)}/${hex(markBit)}` });
+  // and for masquerade when it must be; then DNAT, spread when several.
+  const set = markTargets(marks);
   // Local keeps the client's address, except when a pod reaches itself
   // through the load balancer: without masquerade its reply would not come
   // back through this node's conntrack.
-  const marks = (served.restrictSources ? 0 : 1) + (served.masquerade ? 1 : endpoints.length);
-  let nat = new Array<PortRule>(marks + endpoints.length);
+  const accept = !served.restrictSources;
+  const hairpins = served.masquerade ? 0 : endpoints.length;
+  const markRules = (accept || served.masquerade ? 1 : 0) + hairpins;
+  let nat = new Array<PortRule>(markRules + endpoints.length);
   let k = 0;
   // Marked in nat, which sees only a connection's first packet, the
   // connection skips the FORWARD tree: PIER-FORWARD accepts it by its mark
   // at its first rule (bench:connect, "TCP connect").
-  // The marks carry no comment (see formatRule): the DNAT rules name the Service.
-  if (!served.restrictSources) nat[k++] = portRule('', connmark);
-  if (served.masquerade) nat[k++] = portRule('', mark);
-  else for (let i = 0; i < endpoints.length; i++) nat[k++] = portRule('', mark, text.host(endpoints[i]!.address));
+  // No nat rule carries a comment: every connection would pay for it (see formatRule).
+  if (accept || served.masquerade) nat[k++] = portRule('', accept && served.masquerade ? set.both : accept ? set.accept : set.masquerade);
+  for (let i = 0; i < hairpins; i++) nat[k++] = portRule('', set.masquerade, text.host(endpoints[i]!.address));
   for (let i = 0; i < endpoints.length; i++) {
     const spread = i < endpoints.length - 1 ? statistic(endpoints.length - i) : '';
-    nat[k++] = portRule(comment, text.dnat(endpoints[i]!), '', '', spread);
+    nat[k++] = portRule('', text.dnat(endpoints[i]!), '', '', spread);
   }
   // A port whose rules are few sits in the dispatch tree; one chain per port
   // would make every full restore pay for a user chain.
   if (nat.length > PORT_CHAIN_RULES) {
     const name = chainName('PIER-SVC-', `svc|${served.key}`);
-    const rules = nat.map((r, i) => (i < marks ? `${r.s ? `-s ${r.s} ` : ''}-j ${r.target}` : `-p ${proto}${r.statistic} -m comment --comment ${comment} -j ${r.target}`));
+    const rules = nat.map((r, i) => (i < markRules ? `${r.s ? `-s ${r.s} ` : ''}-j ${r.target}` : `-p ${proto}${r.statistic} -j ${r.target}`));
     own.push({ table: 'nat', name, rules });
-    nat = [portRule(comment, name)];
+    nat = [portRule('', name)];
   }
 
   // filter: a restricted port's connection is accepted by the FORWARD tree,
@@ -470,7 +499,7 @@ export interface GroupReuse {
 export function buildGroupTree(
   tree: TreeName,
   family: Family,
-  markBit: number,
+  marks: MarkBits,
   address: string,
   protocol: Protocol,
   entries: readonly PortEntry[],
@@ -493,7 +522,7 @@ export function buildGroupTree(
       const e = entries[k]!;
       // Only a group of a few rules sits in the root chain: formatting its
       // served ports' rules again costs less than keeping them.
-      const texts = atRoot ? portTexts(tree, protocol, servedRules(e.served, family, markBit).trees[tree]!, e.port, kind === 'dst' ? host : address) : e.inner;
+      const texts = atRoot ? portTexts(tree, protocol, servedRules(e.served, family, marks).trees[tree]!, e.port, kind === 'dst' ? host : address) : e.inner;
       for (const t of texts) rules.push(t);
     }
   };
@@ -619,33 +648,36 @@ export interface FixedRules {
   filter: Jump[];
 }
 
-const fixedRulesCache = new Map<number, FixedRules>();
+const fixedRulesCache = new Map<string, FixedRules>();
 
-export function fixedRules(markBit: number): FixedRules {
-  if (!Number.isInteger(markBit) || markBit <= 0 || markBit > 0xffffffff) throw new RangeError(`markBit ${markBit} is not a mark mask`);
-  const known = fixedRulesCache.get(markBit);
+/** One bit each, and not the same bit: else a RangeError naming them. */
+export function checkMarkBits(marks: MarkBits): void {
+  const one = (b: number) => Number.isInteger(b) && b > 0 && b <= 0x80000000 && (b & (b - 1)) === 0;
+  if (!one(marks.accept) || !one(marks.masquerade)) throw new RangeError(`mark bits ${hex(marks.accept)} and ${hex(marks.masquerade)}: each must be a single bit`);
+  if (marks.accept === marks.masquerade) throw new RangeError(`mark bits: accept and masquerade are both ${hex(marks.accept)}; they must differ`);
+}
+
+export function fixedRules(marks: MarkBits): FixedRules {
+  const key = `${marks.accept}/${marks.masquerade}`;
+  const known = fixedRulesCache.get(key);
   if (known) return known;
-  const mark = `${hex(markBit)}/${hex(markBit)}`;
+  checkMarkBits(marks);
+  const accepted = `${hex(marks.accept)}/${hex(marks.accept)}`;
   const fixed: FixedRules = {
-    postrouting: [
-      formatRule({ notMark: mark, target: 'RETURN' }),
-      // XOR clears the bit: only marked packets get here.
-      formatRule({ target: `MARK --set-xmark ${hex(markBit)}/0x0` }),
-      formatRule({ target: 'MASQUERADE' }),
-    ],
+    postrouting: [formatRule({ connmark: `${hex(marks.masquerade)}/${hex(marks.masquerade)}`, target: 'MASQUERADE' })],
     heads: {
       nat: [],
       // Every packet of pier's connections, both ways, is accepted at the
       // first rule, by the mark its nat rules or PIER-ACCEPT gave the
       // connection (bench:connect); the rest of the traffic leaves at the second.
-      forward: [formatRule({ connmark: mark, target: 'ACCEPT' }), formatRule({ ct: { notState: 'DNAT' }, target: 'RETURN' })],
+      forward: [formatRule({ connmark: accepted, target: 'ACCEPT' }), formatRule({ ct: { notState: 'DNAT' }, target: 'RETURN' })],
       noEndpoints: [],
       sources: [formatRule({ ct: { notState: 'DNAT' }, target: 'RETURN' })],
     },
     // A connection keeps the mark for its life: once accepted it stays
     // accepted when its Service's source ranges shrink or the port goes, as
     // kube-proxy keeps established connections (conntrack ends them).
-    accept: [formatRule({ target: `CONNMARK --set-xmark ${mark}` }), formatRule({ target: 'ACCEPT' })],
+    accept: [formatRule({ target: markTargets(marks).accept }), formatRule({ target: 'ACCEPT' })],
     canary: [CANARY_RULE],
     nat: [
       { chain: 'PREROUTING', rule: formatRule({ target: SERVICES_CHAIN }) },
@@ -660,7 +692,7 @@ export function fixedRules(markBit: number): FixedRules {
       { chain: 'OUTPUT', rule: formatRule({ ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
     ],
   };
-  fixedRulesCache.set(markBit, fixed);
+  fixedRulesCache.set(key, fixed);
   return fixed;
 }
 
@@ -702,13 +734,13 @@ export function treeTable(tree: TreeName): TableName {
 }
 
 export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset {
-  const fixed = fixedRules(config.markBit);
+  const fixed = fixedRules(config.marks);
   const family = model.family;
   const groups = perTree(() => new Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>());
   const chains: Record<TableName, [string, string[]][]> = { nat: [], filter: [] };
   const servedPorts = [...model.ports].sort((a, b) => compareText(a.key, b.key));
   for (const served of servedPorts) {
-    const r = servedRules(served, family, config.markBit);
+    const r = servedRules(served, family, config.marks);
     for (const c of r.own) chains[c.table].push([c.name, c.rules]);
     for (const tree of TREES) {
       const rules = r.trees[tree];
@@ -728,7 +760,7 @@ export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset
     for (const g of [...groups[tree].values()].sort(compareGroups)) {
       // Stable: two served ports on one port (only hand-made models have them) keep their key order.
       g.entries.sort((a, b) => a.port - b.port);
-      const t = buildGroupTree(tree, family, config.markBit, g.address, g.protocol, g.entries);
+      const t = buildGroupTree(tree, family, config.marks, g.address, g.protocol, g.entries);
       for (const r of t.root) roots[tree].push(r);
       for (const [name, c] of t.chains) chains[TREE[tree].table].push([name, c.rules]);
     }

@@ -6,6 +6,7 @@ import { parseCommand, type CommandSpec } from '../lib/command.ts';
 import type { OptionValue } from '../lib/config.ts';
 import { LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { nodeAddresses } from './agent.ts';
+import { markBitsOf } from './main.ts';
 import { readManifestFiles } from './manifests.ts';
 import { parseAddress } from './model.ts';
 import { allocateOffline, allocatorConfig, PLAN_SPEC } from './plan.ts';
@@ -69,6 +70,9 @@ export async function runTrace(argv: string[]): Promise<number> {
     throw err;
   }
 
+  const marks = markBitsOf(v);
+  if (typeof marks === 'string') return usage(marks);
+
   const objects = files.length > 0 ? fromManifests(files, nodeName, v) : await fromCluster(v['kubeconfig'] as string | undefined);
   if (typeof objects === 'number') return objects;
   const node = objects.nodes.find((n) => n.metadata?.name === nodeName);
@@ -83,7 +87,7 @@ export async function runTrace(argv: string[]): Promise<number> {
     services: objects.services,
     slices: objects.slices,
     config: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: v['default-class'] as boolean, maxPortsPerService: v['max-ports-per-service'] as number },
-    markBit: 1 << (v['masquerade-bit'] as number),
+    marks,
   });
   const verdict = trace(world, packet);
   process.stdout.write(v['output'] === 'json' ? `${JSON.stringify(verdict, null, 2)}\n` : verdictText(verdict));

@@ -15,7 +15,7 @@ import type { Family } from '../lib/contract.ts';
 import { branches, PROTO_NUMBERS, walk, type Hop, type Packet, type WalkResult } from './interp.ts';
 import { isPierService, parseAddress, PROTOCOLS, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServedPort } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
-import type { Ruleset, TableName } from './render.ts';
+import type { MarkBits, Ruleset, TableName } from './render.ts';
 import { jumpTarget } from './restore.ts';
 
 export class TraceUsageError extends Error {
@@ -35,7 +35,7 @@ export interface TracePacket {
 export interface TraceWorld {
   nodeName: string;
   nodeAddresses: string[];
-  markBit: number;
+  marks: MarkBits;
   config: ModelConfig;
   model: Model;
   rulesets: Record<Family, Ruleset>;
@@ -49,17 +49,17 @@ export interface TraceInput {
   services: V1Service[];
   slices: V1EndpointSlice[];
   config: ModelConfig;
-  markBit: number;
+  marks: MarkBits;
 }
 
 export function traceWorld(input: TraceInput): TraceWorld {
   // The agent's own engine, from an empty state.
-  const pipeline = new SyncPipeline({ nodeName: input.nodeName, model: input.config, render: { markBit: input.markBit } });
+  const pipeline = new SyncPipeline({ nodeName: input.nodeName, model: input.config, render: { marks: input.marks } });
   const model = pipeline.model(input);
   return {
     nodeName: input.nodeName,
     nodeAddresses: input.nodeAddresses.map((a) => parseAddress(a)?.text ?? a),
-    markBit: input.markBit,
+    marks: input.marks,
     config: input.config,
     model,
     rulesets: { ipv4: pipeline.ruleset(model.ipv4), ipv6: pipeline.ruleset(model.ipv6) },

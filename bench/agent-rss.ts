@@ -172,7 +172,7 @@ for (const s of listOf<V1Service>('ServiceList', serviceJson)) services.set(slim
 for (const s of listOf<V1EndpointSlice>('EndpointSliceList', sliceJson)) slices.set(slimEndpointSlice(s));
 stages['objects'] = await settle();
 
-const pipeline = new SyncPipeline({ nodeName: NODE, model: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 }, render: { markBit: 0x2000 } });
+const pipeline = new SyncPipeline({ nodeName: NODE, model: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 }, render: { marks: { accept: 0x2000, masquerade: 0x1000 } } });
 const applier = new Applier(new Xtables('ipv4', backendArg as 'nft' | 'legacy', commandRunner(['ip', 'netns', 'exec', ns])));
 /** What Agent.sync does for one family. */
 async function sync(): Promise<string> {

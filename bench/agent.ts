@@ -52,7 +52,8 @@ const NODE = 'bench-node';
 const NODE_IP = '198.51.100.11';
 const NODE_IP6 = '2001:db8::11';
 const MODEL_CONFIG = { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 };
-const MARK_BIT = 0x2000;
+/** The agent's default connection-mark bits. */
+const MARKS = { accept: 0x2000, masquerade: 0x1000 };
 const sizes = (process.env['PIER_BENCH_SIZES'] ?? '100,1000,10000').split(',').map(Number);
 const repeat = Number(process.env['PIER_BENCH_REPEAT'] ?? '5');
 const coldRepeat = Number(process.env['PIER_BENCH_COLD_REPEAT'] ?? '9');
@@ -122,7 +123,7 @@ function dualObjects(n: number): Objects {
 }
 
 function pipeline(): SyncPipeline {
-  return new SyncPipeline({ nodeName: NODE, model: MODEL_CONFIG, render: { markBit: MARK_BIT } });
+  return new SyncPipeline({ nodeName: NODE, model: MODEL_CONFIG, render: { marks: MARKS } });
 }
 
 /** Agent.sync for one family. The lists are new arrays each time, as the informers' list() returns them. */
@@ -438,7 +439,7 @@ for (const n of sizes) {
   for (let k = 0; k < coldRepeat; k++) {
     await withScratch(async (s) => {
       const p = pipeline();
-      const renderer = new NftRenderer('ipv4', MARK_BIT);
+      const renderer = new NftRenderer('ipv4', MARKS.masquerade);
       const applier = new NftApplier('ipv4', inNamespace(s.ns));
       try {
         const nftSync = async (verify = false): Promise<NftApplyResult> => {

@@ -64,7 +64,8 @@ const NODE_POD_IP = '198.19.0.1';
 const ENDPOINT_IP = '198.19.0.10';
 const ENDPOINT_PORT = 8080;
 const FIRST_PORT = 20000;
-const MARK_BIT = 0x2000;
+/** The agent's default connection-mark bits. */
+const MARKS = { accept: 0x2000, masquerade: 0x1000 };
 const MODEL_CONFIG = { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 };
 const sizes = (process.env['PIER_BENCH_CONNECT_SIZES'] ?? '100,10000').split(',').map(Number);
 const count = Number(process.env['PIER_BENCH_CONNECTS'] ?? '4000');
@@ -98,7 +99,7 @@ function objects(n: number): { services: V1Service[]; slices: V1EndpointSlice[] 
 
 /** The agent's model of N Services for this node's IPv4 address (SyncPipeline, as Agent.sync computes it). */
 function model(n: number) {
-  const p = new SyncPipeline({ nodeName: NODE, model: MODEL_CONFIG, render: { markBit: MARK_BIT } });
+  const p = new SyncPipeline({ nodeName: NODE, model: MODEL_CONFIG, render: { marks: MARKS } });
   return { p, model: p.model({ nodeAddresses: [FRONTEND], ...objects(n) }).ipv4 };
 }
 
@@ -206,7 +207,7 @@ function ruleSets(): RuleSet[] {
       apply: (ns) => xtables(ns).restore(payload),
       walked,
     });
-    const script = nftScript(renderNft(m, MARK_BIT));
+    const script = nftScript(renderNft(m, MARKS.masquerade));
     sets.push({
       key: `nft-${n}`,
       label: `pier nftables, ${n} Services`,

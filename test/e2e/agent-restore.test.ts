@@ -9,7 +9,7 @@ import type { Family } from '../../lib/contract.ts';
 import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
 import { parseSave, planText, restoreText, type SavedTables } from '../../agent/restore.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
-import { MARK, modelArb } from '../unit/agent-fixtures.ts';
+import { MARKS, modelArb } from '../unit/agent-fixtures.ts';
 
 const BACKENDS = [
   { name: 'nft', bin: { ipv4: 'iptables-nft', ipv6: 'ip6tables-nft' } },
@@ -35,7 +35,7 @@ function expectedView(r: Ruleset) {
   return view(saved);
 }
 
-const inputArb = modelArb.map((m) => ({ ipv4: renderRuleset(m.ipv4, { markBit: MARK }), ipv6: renderRuleset(m.ipv6, { markBit: MARK }) }));
+const inputArb = modelArb.map((m) => ({ ipv4: renderRuleset(m.ipv4, { marks: MARKS }), ipv6: renderRuleset(m.ipv6, { marks: MARKS }) }));
 
 for (const backend of BACKENDS) {
   describe(`rulesets through iptables (${backend.name})`, () => {
@@ -108,7 +108,7 @@ for (const backend of BACKENDS) {
         restrictSources: i % 10 === 0,
         masquerade: i % 2 === 0,
       }));
-      const ruleset = renderRuleset({ family: 'ipv4', ports }, { markBit: MARK });
+      const ruleset = renderRuleset({ family: 'ipv4', ports }, { marks: MARKS });
       await reset('ipv4');
       const t0 = performance.now();
       await restore('ipv4', planText(ruleset));
@@ -120,7 +120,7 @@ for (const backend of BACKENDS) {
       for (const t of TABLES) for (const r of ruleset.tables[t].chains.values()) rules += r.length;
       console.log(`${backend.name}: 10,000 ports -> ${ruleset.tables.nat.chains.size} nat + ${ruleset.tables.filter.chains.size} filter chains, ${rules} rules; restore ${Math.round(t1 - t0)} ms, save ${Math.round(t2 - t1)} ms`);
       // One port changes: the delta is a chain or two, not the table.
-      const changed = renderRuleset({ family: 'ipv4', ports: ports.map((p, i) => (i === 4321 ? { ...p, endpoints: [{ address: '198.18.255.254', port: 9090, local: true }] } : p)) }, { markBit: MARK });
+      const changed = renderRuleset({ family: 'ipv4', ports: ports.map((p, i) => (i === 4321 ? { ...p, endpoints: [{ address: '198.18.255.254', port: 9090, local: true }] } : p)) }, { marks: MARKS });
       const delta = restoreText(changed, { previous: ruleset });
       expect(delta.split('\n').filter((l) => l.startsWith(':')).length).toBeLessThanOrEqual(2);
       const t3 = performance.now();

@@ -99,6 +99,9 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
   /** pier's rules on a node as text: iptables-save, or pier's nftables table (which names each Service port in a comment). */
   const rules = async (n: LabNode, family: 'v4' | 'v6' = 'v4') =>
     nft ? (await lab.exec(n.ns, 'nft', ['list', 'table', family === 'v4' ? 'ip' : 'ip6', 'pier'])).stdout : save(n, family);
+  /** Whether pier's rules on `n` DNAT the TCP frontend at `port` (iptables' nat rules name no Service: a served connection would pay for the comment). */
+  const servesPort = async (n: LabNode, port: number, family: 'v4' | 'v6' = 'v4') =>
+    nft ? nftFrontend(n[family], 'tcp', port).test(await rules(n, family)) : new RegExp(`-p tcp -m tcp --dport ${port} .*-j (DNAT|PIER-SVC-)`).test(await save(n, family));
   /** pier's nftables tables of both families in `ns`, normalised. */
   const nftTables = async (ns: string, where: Lab = lab) => {
     const out: string[] = [];
@@ -348,7 +351,7 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
     const n = lab.nodes[0]!;
     const [r86] = await lab.probe(client(0), n.v4, 86, { timeoutMs: 1000 });
     expect(r86!.ok).toBe(false);
-    expect((await rules(n)).includes('shop/huge')).toBe(false);
+    expect(await servesPort(n, 20000)).toBe(false);
     const [r80] = await lab.probe(client(0), n.v4, 80);
     expect(r80!.ok).toBe(true);
     const metrics = await (await fetch(`http://${n.v4}:10265/metrics`)).text();
@@ -364,11 +367,11 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
   it('a deleted Service loses its rules at the next sync; the others keep theirs', async () => {
     await createService('doomed', [{ name: 'http', port: 85 }], lab.pods);
     await probeUntilOk(client(0), lab.nodes[0]!.v4, 85);
-    expect(await rules(lab.nodes[0]!)).toContain('shop/doomed');
+    expect(await servesPort(lab.nodes[0]!, 85)).toBe(true);
     await core.deleteNamespacedService({ name: 'doomed', namespace: NS });
     for (const n of lab.nodes) {
-      await eventually(`doomed gone from ${n.name}`, async () => !(await rules(n)).includes('shop/doomed'), { timeoutMs: 5000 });
-      await eventually(`doomed gone from ${n.name} (v6)`, async () => !(await rules(n, 'v6')).includes('shop/doomed'), { timeoutMs: 5000 });
+      await eventually(`doomed gone from ${n.name}`, async () => !(await servesPort(n, 85)), { timeoutMs: 5000 });
+      await eventually(`doomed gone from ${n.name} (v6)`, async () => !(await servesPort(n, 85, 'v6')), { timeoutMs: 5000 });
     }
     const [r] = await lab.probe(client(0), lab.nodes[0]!.v4, 80);
     expect(r!.ok).toBe(true);
@@ -384,7 +387,7 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
     const normalise = (text: string) => text.split('\n').filter((l) => !l.startsWith('#')).map((l) => l.replace(/\[\d+:\d+\]/, '[0:0]')).join('\n');
     const snapshot = async () => (nft ? nftTables(n.ns) : normalise(await save(n)));
     const before = await snapshot();
-    expect(before).toContain('shop/web:http');
+    expect(await servesPort(n, 80)).toBe(true);
     const loop = lab.probe(client(0), n.v4, 80, { count: 150, intervalMs: 20, timeoutMs: 1000 });
     await new Promise((r) => setTimeout(r, 500));
     agents.get(n.name)!.kill('SIGKILL');

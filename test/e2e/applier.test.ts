@@ -7,6 +7,7 @@ import { Applier, eachFamily, removeAll } from '../../agent/applier.ts';
 import { Xtables, commandRunner, type Runner } from '../../agent/iptables.ts';
 import { buildModel } from '../../agent/model.ts';
 import { renderRuleset, type Ruleset } from '../../agent/render.ts';
+import { MARKS } from '../unit/agent-fixtures.ts';
 import { parseSave } from '../../agent/restore.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
@@ -37,7 +38,7 @@ function ruleset(n: number, moved = 0, family: Family = 'ipv4'): Ruleset {
     slices: slices as never,
     config: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: false, maxPortsPerService: 256 },
   });
-  return renderRuleset(model[family], { markBit: 0x2000 });
+  return renderRuleset(model[family], { marks: MARKS });
 }
 
 /** pier's chains, their rules, and the jumps into them, from iptables-save output. */

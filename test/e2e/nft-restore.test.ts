@@ -12,7 +12,7 @@ import { NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, 
 import { NftSession } from '../../agent/nft-session.ts';
 import type { Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
-import { MARK, modelArb, toInput, worldArb } from '../unit/agent-fixtures.ts';
+import { MARKS, modelArb, toInput, worldArb } from '../unit/agent-fixtures.ts';
 
 describe('pier tables through nft', () => {
   let s: Scratch;
@@ -37,7 +37,7 @@ describe('pier tables through nft', () => {
       fc.asyncProperty(modelArb, modelArb, async (a, b) => {
         runs++;
         for (const family of ['ipv4', 'ipv6'] as const) {
-          const r = new NftRenderer(family, MARK);
+          const r = new NftRenderer(family, MARKS.masquerade);
           const first = r.update(a[family]);
           await nft(nftScript(first.state));
           expect(await drift(family, first.state), `${family} whole`).toEqual([]);
@@ -60,7 +60,7 @@ describe('pier tables through nft', () => {
   }, 600_000);
 
   it('a resident nft reports what it refuses, in nft\'s words, changes nothing then, and outlives its process', async () => {
-    const want = renderNft(buildModel(toInput({ services: [] })).ipv4, MARK);
+    const want = renderNft(buildModel(toInput({ services: [] })).ipv4, MARKS.masquerade);
     await nft(nftScript(want));
     const add = 'add element ip pier no-endpoints { 192.0.2.11 . tcp . 80 }';
     // The second command fails: the transaction as a whole is refused.
@@ -77,7 +77,7 @@ describe('pier tables through nft', () => {
 
   it('sees what another program changed in the table', async () => {
     const w = fc.sample(worldArb.filter((x) => buildModel(toInput(x)).ipv4.ports.some((p) => p.endpoints.length > 0)), { numRuns: 1, seed: 7 })[0]!;
-    const want = renderNft(buildModel(toInput(w)).ipv4, MARK);
+    const want = renderNft(buildModel(toInput(w)).ipv4, MARKS.masquerade);
     await nft(nftScript(want));
     expect(await drift('ipv4', want)).toEqual([]);
     await s.exec('nft', ['flush', 'chain', 'ip', NFT_TABLE, 'nat-prerouting']);

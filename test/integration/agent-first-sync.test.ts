@@ -53,7 +53,7 @@ describe('agent: the first sync', () => {
       setSysctls: false,
       backend: 'iptables',
       iptablesBackend: 'auto',
-      markBit: 13,
+      marks: { accept: 0x2000, masquerade: 0x1000 },
       maxPortsPerService: 256,
       minSyncIntervalMs: 0,
       resyncPeriodMs: 60_000,
@@ -69,8 +69,8 @@ describe('agent: the first sync', () => {
 
     const first = payloads.find((p) => p.includes('ipv4, sync 1:'));
     expect(first).toBeDefined();
-    // One DNAT per Service's endpoint, each commented with its Service.
-    const served = new Set([...first!.matchAll(/--comment "first-sync\/(svc-\d+):p"/g)].map((m) => m[1]));
+    // One DNAT per Service: its port, to its endpoint.
+    const served = new Set([...first!.matchAll(/--dport (2\d{4}) -j DNAT --to-destination 198\.19\.\d+\.\d+:8080/g)].map((m) => m[1]));
     expect(served.size).toBe(COUNT);
   });
 });

@@ -14,7 +14,8 @@ export const NODE_V6 = ['2001:db8::11', '2001:db8:0:0:0:0:0:12'];
 /** Addresses of another node: a Service advertised there is none of this agent's business. */
 export const OTHER_NODE = ['192.0.2.21', '2001:db8::21'];
 export const CONFIG: ModelConfig = { loadBalancerClass: CLASS, defaultClass: false, maxPortsPerService: 6 };
-export const MARK = 0x2000;
+/** The agent's default connection-mark bits. */
+export const MARKS = { accept: 0x2000, masquerade: 0x1000 };
 /** A client outside every source range the generators produce (short of a /0). */
 export const CLIENT = { ipv4: '192.0.2.250', ipv6: '2001:db8:ffff::50' } as const;
 
@@ -251,8 +252,8 @@ export function corrupt(world: World, input: ModelInput, c: Corruption): string 
 }
 
 // ---------------------------------------------------------------------------
-// A packet walk through rendered chains: agent/interp.ts, with the mark read
-// as this file's MARK bit.
+// A packet walk through rendered chains: agent/interp.ts, with the connection
+// mark read as MARKS' masquerade bit.
 
 export type { Packet };
 export { PROTO_NUMBERS };
@@ -262,8 +263,8 @@ export interface Walk extends Omit<WalkResult, 'hops' | 'mark'> {
 }
 
 export function walk(chains: Map<string, string[]>, chain: string, pkt: Packet, choice = -1): Walk {
-  const { hops: _hops, mark, ...rest } = interpWalk(chains, chain, pkt, choice);
-  return { ...rest, marked: (mark & MARK) !== 0 };
+  const { hops: _hops, mark: _mark, ...rest } = interpWalk(chains, chain, pkt, choice);
+  return { ...rest, marked: (rest.ctmark & MARKS.masquerade) !== 0 };
 }
 
 /** Every DNAT destination a new connection can reach (one walk per branch), and whether each is marked. */

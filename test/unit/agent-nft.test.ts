@@ -7,7 +7,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel, parseAddress, parseCidr, type ServedPort } from '../../agent/model.ts';
 import { emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, spreadName, width, type NftRuleset } from '../../agent/nft.ts';
-import { MARK, toInput, worldArb } from './agent-fixtures.ts';
+import { MARKS, toInput, worldArb } from './agent-fixtures.ts';
 
 const PROTO = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' } as const;
 
@@ -48,7 +48,7 @@ describe('renderNft', () => {
       fc.property(worldArb, fc.integer({ min: 0, max: 255 }), (world, h) => {
         const m = buildModel(toInput(world));
         for (const family of ['ipv4', 'ipv6'] as const) {
-          const r = renderNft(m[family], MARK);
+          const r = renderNft(m[family], MARKS.masquerade);
           for (const p of m[family].ports) {
             const clients = [family === 'ipv4' ? `203.0.113.${h}` : `2001:db8:ffff::${h.toString(16)}`, ...p.sourceRanges.map((c) => c.split('/')[0]!), ...p.endpoints.map((e) => e.address)];
             for (const f of p.frontends) {
@@ -120,10 +120,10 @@ describe('NftRenderer', () => {
     fc.assert(
       fc.property(fc.array(worldArb, { minLength: 2, maxLength: 4 }), (worlds) => {
         for (const family of ['ipv4', 'ipv6'] as const) {
-          const r = new NftRenderer(family, MARK);
+          const r = new NftRenderer(family, MARKS.masquerade);
           // Asked for no transaction (a table written whole): the same states and versions.
-          const whole = new NftRenderer(family, MARK);
-          let kernel = emptyNft(family, MARK);
+          const whole = new NftRenderer(family, MARKS.masquerade);
+          let kernel = emptyNft(family, MARKS.masquerade);
           let version = 0;
           for (const w of worlds) {
             const model = buildModel(toInput(w))[family];
@@ -133,7 +133,7 @@ describe('NftRenderer', () => {
             const v = whole.update(model, { transaction: false });
             expect([v.delta, v.version]).toEqual([u.delta === '' ? '' : undefined, u.version]);
             sameSets(v.state, kernel);
-            sameSets(kernel, renderNft(model, MARK));
+            sameSets(kernel, renderNft(model, MARKS.masquerade));
             sameSets(u.state, kernel);
             version = u.version;
             // The same model again, and a rebuilt one whose plans are new objects with the same content.
@@ -149,14 +149,14 @@ describe('NftRenderer', () => {
   });
 
   it('writes a whole table that replaces the old one in the same transaction', () => {
-    const r = renderNft(buildModel(toInput(fc.sample(worldArb, { numRuns: 1, seed: 3 })[0]!)).ipv4, MARK);
+    const r = renderNft(buildModel(toInput(fc.sample(worldArb, { numRuns: 1, seed: 3 })[0]!)).ipv4, MARKS.masquerade);
     expect(nftScript(r).split('\n').slice(0, 3)).toEqual(['add table ip pier', 'delete table ip pier', 'table ip pier {']);
   });
 });
 
 describe('nftDrift', () => {
   it('finds nothing in a table read back as written, and names what is missing or foreign', () => {
-    const r = emptyNft('ipv4', MARK);
+    const r = emptyNft('ipv4', MARKS.masquerade);
     r.sets.get('services')!.set('192.0.2.11 . tcp . 80', ' comment "shop/web:http" : goto spread-1');
     r.sets.set('endpoints-0', new Map([['192.0.2.11 . tcp . 80', ' : 198.18.0.1 . 8080']]));
     r.sets.get('allowed')!.set('192.0.2.11 . tcp . 80 . 203.0.113.0/24', '');

@@ -14,7 +14,7 @@ import { HeadStart } from '../../agent/headstart.ts';
 import { SyncPipeline } from '../../agent/pipeline.ts';
 import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
 import { restoreText } from '../../agent/restore.ts';
-import { CONFIG, MARK, NODE, NODE_V4, NODE_V6, OTHER_NODE, corrupt, corruptionArb, toInput, worldArb } from './agent-fixtures.ts';
+import { CONFIG, MARKS, NODE, NODE_V4, NODE_V6, OTHER_NODE, corrupt, corruptionArb, toInput, worldArb } from './agent-fixtures.ts';
 
 const FAMILIES = ['ipv4', 'ipv6'] as const;
 
@@ -171,7 +171,7 @@ describe('SyncPipeline', () => {
       fc.property(worldArb, poolArb, fc.array(opArb, { minLength: 1, maxLength: 25 }), (world, pool, ops) => {
         const start = toInput(world);
         const s: State = { nodeAddresses: [...NODE_V4, ...NODE_V6], services: [...start.services], slices: [...start.slices], deleted: [], serial: 0 };
-        const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+        const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
         let prev: { model: Model; rulesets: Record<string, Ruleset>; copies: Record<string, Ruleset> } | undefined;
         for (const op of [{ kind: 'noop' } as Op, ...ops]) {
           step(s, op, pool);
@@ -186,7 +186,7 @@ describe('SyncPipeline', () => {
           const copies: Record<string, Ruleset> = {};
           for (const f of FAMILIES) {
             const r = pipeline.ruleset(model[f]);
-            expect(r).toStrictEqual(renderRuleset(pure[f], { markBit: MARK }));
+            expect(r).toStrictEqual(renderRuleset(pure[f], { marks: MARKS }));
             if (prev) {
               // What was handed out last time is as it was: the applier
               // compares chains by identity.
@@ -231,7 +231,7 @@ describe('SyncPipeline', () => {
         (world, pool, listing, before, after) => {
           const start = toInput(world);
           const s: State = { nodeAddresses: [...NODE_V4, ...NODE_V6], services: [...start.services], slices: [...start.slices], deleted: [], serial: 0 };
-          const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+          const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
           const head = new HeadStart(pipeline, listing.families);
           const listedAddresses = listing.nodePick ? ALL_NODE_ADDRESSES.filter((_, i) => listing.nodePick![i]) : s.nodeAddresses;
           const pages = <T>(list: T[], size: number) => Array.from({ length: Math.ceil(list.length / size) }, (_, i) => list.slice(i * size, (i + 1) * size));
@@ -261,7 +261,7 @@ describe('SyncPipeline', () => {
             const model = pipeline.model(input);
             const pure = buildModel({ nodeName: NODE, config: CONFIG, ...input });
             expect(model).toStrictEqual(pure);
-            for (const f of FAMILIES) expect(pipeline.ruleset(model[f])).toStrictEqual(renderRuleset(pure[f], { markBit: MARK }));
+            for (const f of FAMILIES) expect(pipeline.ruleset(model[f])).toStrictEqual(renderRuleset(pure[f], { marks: MARKS }));
           }
           expect(pipeline.restarts).toBe(0);
         },
@@ -283,7 +283,7 @@ describe('SyncPipeline', () => {
       endpoints: [{ addresses: ['198.18.0.1'], nodeName: NODE, conditions: { ready: true } }],
       ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
     };
-    const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+    const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
     const head = new HeadStart(pipeline, ['ipv4']);
     head.slicesListed([slice]);
     head.node([...NODE_V4]);
@@ -315,13 +315,13 @@ describe('SyncPipeline', () => {
       });
       slices.push(sliceOf(i, 0));
     }
-    const pipeline = new SyncPipeline({ nodeName: NODE, model: { ...CONFIG, maxPortsPerService: 8 }, render: { markBit: MARK } });
+    const pipeline = new SyncPipeline({ nodeName: NODE, model: { ...CONFIG, maxPortsPerService: 8 }, render: { marks: MARKS } });
     const input = () => ({ nodeAddresses: [...NODE_V4], services: [...services], slices: [...slices] });
     const before = pipeline.ruleset(pipeline.model(input()).ipv4);
     slices[1234] = sliceOf(1234, 1);
     const model = pipeline.model(input());
     const after = pipeline.ruleset(model.ipv4);
-    expect(after).toStrictEqual(renderRuleset(buildModel({ nodeName: NODE, config: { ...CONFIG, maxPortsPerService: 8 }, ...input() }).ipv4, { markBit: MARK }));
+    expect(after).toStrictEqual(renderRuleset(buildModel({ nodeName: NODE, config: { ...CONFIG, maxPortsPerService: 8 }, ...input() }).ipv4, { marks: MARKS }));
     const rewritten = [...after.tables.nat.chains].filter(([name, rules]) => before.tables.nat.chains.get(name) !== rules).map(([name]) => name);
     expect(rewritten).toHaveLength(1);
     for (const [name, rules] of after.tables.filter.chains) expect(before.tables.filter.chains.get(name), name).toBe(rules);
@@ -341,7 +341,7 @@ describe('SyncPipeline', () => {
 
     it('the model is redone from an empty state, by the same engine: the oracle\'s result', () => {
       const services = Array.from({ length: 8 }, (_, i) => served(`s${i}`, 1000 + i));
-      const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+      const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
       const first = pipeline.model({ nodeAddresses: [...NODE_V4], services: [...services], slices: [] });
       // s0's served port now claims the key s1's has.
       first.ipv4.ports[0]!.key = first.ipv4.ports[1]!.key;
@@ -349,18 +349,18 @@ describe('SyncPipeline', () => {
       const model = pipeline.model({ nodeAddresses: [...NODE_V4], services: [...services], slices: [] });
       expect(pipeline.restarts).toBe(1);
       expect(model).toStrictEqual(oracle(services));
-      expect(pipeline.ruleset(model.ipv4)).toStrictEqual(renderRuleset(model.ipv4, { markBit: MARK }));
+      expect(pipeline.ruleset(model.ipv4)).toStrictEqual(renderRuleset(model.ipv4, { marks: MARKS }));
       // Afresh: the next change is incremental again.
       const restarts = pipeline.restarts;
       services[2] = served('s2', 2002);
       const next = pipeline.model({ nodeAddresses: [...NODE_V4], services: [...services], slices: [] });
       expect(next).toStrictEqual(oracle(services));
-      expect(pipeline.ruleset(next.ipv4)).toStrictEqual(renderRuleset(next.ipv4, { markBit: MARK }));
+      expect(pipeline.ruleset(next.ipv4)).toStrictEqual(renderRuleset(next.ipv4, { marks: MARKS }));
       expect(pipeline.restarts).toBe(restarts);
     });
 
     it('the rules are redone from an empty state, by the same engine: the oracle\'s result', () => {
-      const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+      const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
       const before = oracle([served('a', 80), served('b', 443)]).ipv4;
       pipeline.ruleset(before);
       // a's frontend moves in place: its old rules are no longer where the renderer looks.
@@ -368,23 +368,23 @@ describe('SyncPipeline', () => {
       const after = structuredClone(before);
       const ruleset = pipeline.ruleset(after);
       expect(pipeline.restarts).toBe(1);
-      expect(ruleset).toStrictEqual(renderRuleset(after, { markBit: MARK }));
+      expect(ruleset).toStrictEqual(renderRuleset(after, { marks: MARKS }));
       expect(TABLES.flatMap((t) => [...ruleset.tables[t].chains.values()].flat()).join('\n')).toContain('--dport 81');
     });
 
     it('an input no engine state can follow is an error for the caller, and the next sync starts afresh', () => {
-      const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { markBit: MARK } });
+      const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
       const services = [served('a', 80), served('b', 443)];
       pipeline.ruleset(pipeline.model({ nodeAddresses: [...NODE_V4], services, slices: [] }).ipv4);
       // Informers hold each Service once; manifests.ts keeps the later of two.
       expect(() => pipeline.model({ nodeAddresses: [...NODE_V4], services: [...services, served('b', 444)], slices: [] })).toThrow('two Services named ns/b');
       const model = pipeline.model({ nodeAddresses: [...NODE_V4], services, slices: [] });
       expect(model).toStrictEqual(oracle(services));
-      expect(pipeline.ruleset(model.ipv4)).toStrictEqual(renderRuleset(model.ipv4, { markBit: MARK }));
+      expect(pipeline.ruleset(model.ipv4)).toStrictEqual(renderRuleset(model.ipv4, { marks: MARKS }));
       // Neither is a model any engine makes: the renderer refuses it, cold too.
       const [a] = model.ipv4.ports;
       expect(() => pipeline.ruleset({ family: 'ipv4', ports: [a!, a!] })).toThrow('served ports not sorted by key');
-      expect(pipeline.ruleset(model.ipv4)).toStrictEqual(renderRuleset(model.ipv4, { markBit: MARK }));
+      expect(pipeline.ruleset(model.ipv4)).toStrictEqual(renderRuleset(model.ipv4, { marks: MARKS }));
     });
   });
 });

@@ -167,7 +167,7 @@ describe('pier plan', () => {
     writeFileSync(join(m, 'b.yaml'), 'kind: Service\nmetadata: {name: broken}\nspec: {ports: [{port: eighty}]}\n');
     const r = await plan('--node', 'n1', '-f', m);
     expect(r.exitCode).toBe(1);
-    expect(r.stdout).toContain('-A PIER-SERVICES -d 192.0.2.11/32 -p tcp -m tcp --dport 80 -m comment --comment "shop/web:http" -j DNAT --to-destination 198.18.0.5:8080');
+    expect(r.stdout).toContain('-A PIER-SERVICES -d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 198.18.0.5:8080');
     expect(r.stdout).toMatch(/^-I PREROUTING 1 .*-j PIER-SERVICES$/m);
     expect(r.stderr).toContain(`pier plan: skipped ${join(m, 'b.yaml')}: Service broken: spec.ports[0].port must be an integer`);
     expect(r.stderr).toContain('pier plan: shop/web: allocated (no status in the manifests): served on 192.0.2.11, 2001:db8::11, ports 80/TCP, 53/UDP');
@@ -192,6 +192,24 @@ describe('pier plan', () => {
     expect(r.stderr).toContain('pier plan: 1 object read again later (above); the plan uses the later one of each');
     expect(r.stdout).toMatch(/^-A PIER-SERVICES -d 192\.0\.2\.11\/32 -p tcp .*--dport 8081 .*-j DNAT --to-destination 198\.18\.0\.5:8080$/m);
     expect(r.stdout).not.toMatch(/--dport 80 /);
+  });
+
+  it('sets the mark bits it is given, in both backends, and refuses one bit for both', { timeout: 60_000 }, async () => {
+    const m = join(dir, 'marks.yaml');
+    writeFileSync(m, [n1, web, webSlice].map((o) => stringify(o)).join('---\n'));
+    const r = await plan('--node', 'n1', '-f', m, '--accept-bit', '4', '--masquerade-bit', '31');
+    expect(r.exitCode).toBe(0);
+    expect(r.stdout).toContain('-A PIER-SERVICES -d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j CONNMARK --set-xmark 0x80000010/0x80000010');
+    expect(r.stdout).toContain('-A PIER-FORWARD -m connmark --mark 0x10/0x10 -j ACCEPT');
+    expect(r.stdout).toContain('-A PIER-POSTROUTING -m connmark --mark 0x80000000/0x80000000 -j MASQUERADE');
+    const nft = await plan('--node', 'n1', '-f', m, '--backend', 'nftables', '--masquerade-bit', '3');
+    expect(nft.exitCode).toBe(0);
+    expect(nft.stdout).toContain('ct mark & 0x00000008 != 0 masquerade');
+    expect(nft.stdout).toContain('ct mark set ct mark | 0x00000008');
+    const same = await plan('--node', 'n1', '-f', m, '--accept-bit', '12');
+    expect(same.exitCode).toBe(2);
+    expect(same.stderr).toContain('pier plan: --accept-bit and --masquerade-bit are both 12: give them different bits');
+    expect(same.stdout).toBe('');
   });
 
   it('names a Service port whose EndpointSlice lists it under another protocol', { timeout: 60_000 }, async () => {

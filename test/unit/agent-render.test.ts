@@ -7,9 +7,9 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel, parseAddress, parseCidr, type FamilyModel, type ServedPort } from '../../agent/model.ts';
 import { ACCEPT_CHAIN, CANARY_CHAIN, CANARY_RULE, chainName, MAX_CHAIN_NAME, probability, renderRuleset, saveString, TABLES, type Ruleset } from '../../agent/render.ts';
-import { CLIENT, MARK, PROTO_NUMBERS, corrupt, corruptionArb, destinations, dnatText, toInput, walk, worldArb, type Packet, type World } from './agent-fixtures.ts';
+import { CLIENT, MARKS, PROTO_NUMBERS, corrupt, corruptionArb, destinations, dnatText, toInput, walk, worldArb, type Packet, type World } from './agent-fixtures.ts';
 
-const render = (m: FamilyModel) => renderRuleset(m, { markBit: MARK });
+const render = (m: FamilyModel) => renderRuleset(m, { marks: MARKS });
 
 function served(over: Partial<ServedPort> & { key: string }): ServedPort {
   return {
@@ -80,14 +80,14 @@ function checkBehaviour(m: FamilyModel, r: Ruleset): void {
         }
       }
       // nat marks the connection of a port any source may use: FORWARD accepts it by that mark.
-      expect(reached.every((d) => d.ctmark === (p.restrictSources ? 0 : MARK)), `${what}: marked in nat iff unrestricted`).toBe(true);
+      expect(reached.every((d) => (d.ctmark & MARKS.accept) === (p.restrictSources ? 0 : MARKS.accept)), `${what}: marked in nat iff unrestricted`).toBe(true);
       const fwd = walk(filter, 'PIER-FORWARD', { ...dnatedConnection(p, f, client), ctmark: reached[0]!.ctmark });
       // What FORWARD never sees (a client on the node, an endpoint on the
       // host network) meets the same ranges in PIER-SOURCES, which only drops.
       const local = walk(filter, 'PIER-SOURCES', dnatedConnection(p, f, client));
       // A connection accepted once is marked; its later packets, either way, meet one rule and no port's.
-      expect(fwd.ctmark, `${what}: marked iff accepted`).toBe(fwd.verdict === 'ACCEPT' ? MARK : 0);
-      const later = walk(filter, 'PIER-FORWARD', { ...dnatedConnection(p, f, client), ctmark: MARK });
+      expect(fwd.ctmark & MARKS.accept, `${what}: marked iff accepted`).toBe(fwd.verdict === 'ACCEPT' ? MARKS.accept : 0);
+      const later = walk(filter, 'PIER-FORWARD', { ...dnatedConnection(p, f, client), ctmark: MARKS.accept });
       expect([later.verdict, later.rules], `${what}: a later packet`).toEqual(['ACCEPT', 1]);
       if (!p.restrictSources) {
         expect([fwd.verdict, fwd.rules], what).toEqual(['ACCEPT', 1]);
@@ -120,6 +120,8 @@ function checkStructure(r: Ruleset): void {
         // A comment names a Service port, after the matches that pick the port.
         if (rule.includes('-m comment')) expect(rule, rule).toMatch(/-m comment --comment ("[A-Za-z0-9._:/-]{1,255}"|[A-Za-z0-9_-]{1,255}) /);
         expect(rule, rule).not.toMatch(/-m comment .*(--dport|-m conntrack|-m mark|-m connmark|-m statistic)/);
+        // Every connection pier serves takes nat rules: none of them pays for a comment.
+        if (table === 'nat' && name !== CANARY_CHAIN) expect(rule, rule).not.toContain('-m comment');
         const target = /(?:^| )-j (\S+)/.exec(rule)![1]!;
         if (target.startsWith('PIER-')) {
           expect(chains.has(target), `${rule} jumps to a chain that exists`).toBe(true);
@@ -169,18 +171,13 @@ describe('renderRuleset examples', () => {
       ['PIER-CANARY', [CANARY_RULE]],
       [
         'PIER-POSTROUTING',
-        [
-          '-m mark ! --mark 0x2000/0x2000 -j RETURN',
-          '-j MARK --set-xmark 0x2000/0x0',
-          '-j MASQUERADE',
-        ],
+        ['-m connmark --mark 0x1000/0x1000 -j MASQUERADE'],
       ],
       [
         'PIER-SERVICES',
         [
-          '-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j CONNMARK --set-xmark 0x2000/0x2000',
-          '-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j MARK --set-xmark 0x2000/0x2000',
-          '-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -m comment --comment "shop/web:http" -j DNAT --to-destination 198.18.0.1:8080',
+          '-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j CONNMARK --set-xmark 0x3000/0x3000',
+          '-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 198.18.0.1:8080',
         ],
       ],
     ]);
@@ -204,9 +201,9 @@ describe('renderRuleset examples', () => {
     const r = render({ family: 'ipv6', ports: [served({ key: 'ipv6/shop/web/http/TCP', comment: 'shop/web:http', frontends: [{ address: '2001:db8::11', port: 443 }], endpoints })] });
     const rules = [...r.tables.nat.chains.values()].flat();
     expect(rules.filter((x) => x.includes('DNAT'))).toEqual([
-      '-p tcp -m tcp --dport 443 -m statistic --mode random --probability 0.33333333349 -m comment --comment "shop/web:http" -j DNAT --to-destination [2001:db8:1::1]:8080',
-      '-p tcp -m tcp --dport 443 -m statistic --mode random --probability 0.50000000000 -m comment --comment "shop/web:http" -j DNAT --to-destination [2001:db8:1::2]:8080',
-      '-p tcp -m tcp --dport 443 -m comment --comment "shop/web:http" -j DNAT --to-destination [2001:db8:1::3]:8080',
+      '-d 2001:db8::11/128 -p tcp -m tcp --dport 443 -m statistic --mode random --probability 0.33333333349 -j DNAT --to-destination [2001:db8:1::1]:8080',
+      '-d 2001:db8::11/128 -p tcp -m tcp --dport 443 -m statistic --mode random --probability 0.50000000000 -j DNAT --to-destination [2001:db8:1::2]:8080',
+      '-d 2001:db8::11/128 -p tcp -m tcp --dport 443 -j DNAT --to-destination [2001:db8:1::3]:8080',
     ]);
   });
 
@@ -215,8 +212,8 @@ describe('renderRuleset examples', () => {
     const r = render({ family: 'ipv4', ports: [served({ key: 'ipv4/shop/web/http/TCP', endpoints })] });
     const svc = [...r.tables.nat.chains.keys()].filter((c) => c.startsWith('PIER-SVC-'));
     expect(svc).toEqual([chainName('PIER-SVC-', 'svc|ipv4/shop/web/http/TCP')]);
-    // The connection mark, the packet mark, a DNAT per endpoint.
-    expect(r.tables.nat.chains.get(svc[0]!)).toHaveLength(14);
+    // The connection mark, a DNAT per endpoint.
+    expect(r.tables.nat.chains.get(svc[0]!)).toHaveLength(13);
   });
 
   it('marks only hairpin traffic for Local, and filters sources in a chain of its own when the list is long', () => {
@@ -224,8 +221,8 @@ describe('renderRuleset examples', () => {
     const p = served({ key: 'ipv4/shop/db/pg/TCP', comment: 'shop/db:pg', masquerade: false, sourceRanges: ranges, restrictSources: true });
     const r = render({ family: 'ipv4', ports: [p] });
     expect(r.tables.nat.chains.get('PIER-SERVICES')).toEqual([
-      '-s 198.18.0.1/32 -d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j MARK --set-xmark 0x2000/0x2000',
-      '-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -m comment --comment "shop/db:pg" -j DNAT --to-destination 198.18.0.1:8080',
+      '-s 198.18.0.1/32 -d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j CONNMARK --set-xmark 0x1000/0x1000',
+      '-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 198.18.0.1:8080',
     ]);
     const src = chainName('PIER-SRC-', 'src|ipv4/shop/db/pg/TCP');
     expect(r.tables.filter.chains.get(src)).toEqual([
@@ -249,8 +246,18 @@ describe('renderRuleset examples', () => {
     ]);
   });
 
-  it('refuses a mark that is no mask', () => {
-    expect(() => renderRuleset({ family: 'ipv4', ports: [] }, { markBit: 0 })).toThrow(RangeError);
+  it('refuses marks that are no single bit, or one bit for both', () => {
+    expect(() => renderRuleset({ family: 'ipv4', ports: [] }, { marks: { accept: 0, masquerade: 0x1000 } })).toThrow(RangeError);
+    expect(() => renderRuleset({ family: 'ipv4', ports: [] }, { marks: { accept: 0x3000, masquerade: 0x4000 } })).toThrow(RangeError);
+    expect(() => renderRuleset({ family: 'ipv4', ports: [] }, { marks: { accept: 0x2000, masquerade: 0x2000 } })).toThrow(/both 0x2000/);
+  });
+
+  it('a port with source ranges and Cluster policy is marked for masquerade only; bit 31 prints unsigned', () => {
+    const p = served({ key: 'ipv4/shop/db/pg/TCP', comment: 'shop/db:pg', sourceRanges: ['198.51.100.0/24'], restrictSources: true });
+    const r = renderRuleset({ family: 'ipv4', ports: [p] }, { marks: { accept: 0x80000000, masquerade: 0x1 } });
+    expect(r.tables.nat.chains.get('PIER-SERVICES')![0]).toBe('-d 192.0.2.11/32 -p tcp -m tcp --dport 80 -j CONNMARK --set-xmark 0x1/0x1');
+    expect(r.tables.filter.chains.get('PIER-FORWARD')![0]).toBe('-m connmark --mark 0x80000000/0x80000000 -j ACCEPT');
+    expect(r.tables.nat.chains.get('PIER-POSTROUTING')).toEqual(['-m connmark --mark 0x1/0x1 -j MASQUERADE']);
   });
 });
 

@@ -7,7 +7,7 @@ import { buildModel } from '../../agent/model.ts';
 import { driftLogFields, findDrift, healJumps, healText } from '../../agent/applier.ts';
 import { renderRuleset, TABLES, type Ruleset, type TableName } from '../../agent/render.ts';
 import { commandsText, parseSave, planText, restoreText, splitRule, type SavedTables } from '../../agent/restore.ts';
-import { MARK, toInput, worldArb } from './agent-fixtures.ts';
+import { MARKS, toInput, worldArb } from './agent-fixtures.ts';
 
 const BUILTIN: Record<string, string[]> = {
   nat: ['PREROUTING', 'INPUT', 'OUTPUT', 'POSTROUTING'],
@@ -102,7 +102,7 @@ function canonical(state: SavedTables) {
 
 const rulesets = (w: Parameters<typeof toInput>[0]) => {
   const m = buildModel(toInput(w));
-  return [renderRuleset(m.ipv4, { markBit: MARK }), renderRuleset(m.ipv6, { markBit: MARK })] as const;
+  return [renderRuleset(m.ipv4, { marks: MARKS }), renderRuleset(m.ipv6, { marks: MARKS })] as const;
 };
 
 describe('parseSave', () => {
@@ -393,7 +393,7 @@ describe('findDrift and healText: the kernel against what was applied', () => {
     const [r] = rulesets({ services: [] });
     const state = stateOf(r!);
     const post = state.get('nat')!.get('PIER-POSTROUTING')!;
-    post.splice(1, 1);
+    post.splice(0, 1);
     post.push(FOREIGN, FOREIGN);
     state.get('filter')!.delete('PIER-CANARY');
     state.get('nat')!.set('PIER-OLD', ['-j RETURN']);
@@ -408,8 +408,8 @@ describe('findDrift and healText: the kernel against what was applied', () => {
     });
     // A reordered chain differs with nothing lost or added.
     const swapped = stateOf(r!);
-    swapped.get('nat')!.get('PIER-POSTROUTING')!.reverse();
-    expect(findDrift(r!, swapped)!.chains).toEqual([{ table: 'nat', chain: 'PIER-POSTROUTING', state: 'changed', lost: 0, added: 0 }]);
+    swapped.get('filter')!.get('PIER-FORWARD')!.reverse();
+    expect(findDrift(r!, swapped)!.chains).toEqual([{ table: 'filter', chain: 'PIER-FORWARD', state: 'changed', lost: 0, added: 0 }]);
   });
 
   it('heals drift and applies a new ruleset in the same payload', () => {

@@ -16,7 +16,7 @@ import { inCidr } from '../../agent/interp.ts';
 import type { ServedPort } from '../../agent/model.ts';
 import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket, type TraceWorld } from '../../agent/trace.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
-import { CLIENT, MARK, NODE_V4, NODE_V6, toInput, worldArb } from './agent-fixtures.ts';
+import { CLIENT, MARKS, NODE_V4, NODE_V6, toInput, worldArb } from './agent-fixtures.ts';
 
 const NS = 'shop';
 const N1 = { v4: '192.0.2.11', v6: '2001:db8::11' };
@@ -69,7 +69,7 @@ const world: TraceWorld = traceWorld({
   services: parts.map((p) => p.svc),
   slices: parts.flatMap((p) => p.slices),
   config: { loadBalancerClass: 'pier.dev/lb', defaultClass: false, maxPortsPerService: 256 },
-  markBit: MARK,
+  marks: MARKS,
 });
 
 const tcp = (client: string, address: string, port: number, more: Partial<TracePacket> = {}): TracePacket => ({ client, address, port, protocol: 'TCP', ...more });
@@ -89,12 +89,12 @@ describe('trace', () => {
       expect(e.hops[0]!.rule).toContain(`-j DNAT --to-destination ${e.address}:8080`);
       // Many frontends on one address: the nat tree has chains of their own below PIER-SERVICES.
       const chains = e.hops.map((h) => `${h.table} ${h.chain.replace(/-[A-Z2-7]{16}$/, '-*')}`);
-      expect(chains).toEqual(['nat PIER-SVCS-*', 'filter FORWARD', 'filter PIER-FORWARD', 'nat POSTROUTING', 'nat PIER-POSTROUTING', 'nat PIER-POSTROUTING']);
+      expect(chains).toEqual(['nat PIER-SVCS-*', 'filter FORWARD', 'filter PIER-FORWARD', 'nat POSTROUTING', 'nat PIER-POSTROUTING']);
       // Any source may use the port: nat marked the connection, and FORWARD accepts it by that mark.
       expect(e.hops[2]!.rule).toMatch(/^-m connmark --mark 0x2000\/0x2000 .*-j ACCEPT$/);
       expect(lastHop(e.hops).rule).toMatch(/-j MASQUERADE$/);
     }
-    expect(v.hops.filter((h) => h.table === 'nat' && /--dport 80 .*-j CONNMARK --set-xmark 0x2000\/0x2000$/.test(h.rule))).toHaveLength(1);
+    expect(v.hops.filter((h) => h.table === 'nat' && /--dport 80 .*-j CONNMARK --set-xmark 0x3000\/0x3000$/.test(h.rule))).toHaveLength(1);
     expect(v.problems).toEqual([]);
   });
 
@@ -113,7 +113,7 @@ describe('trace', () => {
     for (const e of v.endpoints) expect(e.probability).toBeCloseTo(0.1, 8);
     expect(v.endpoints.reduce((s, e) => s + e.probability, 0)).toBeCloseTo(1, 9);
     expect(lastHop(v.hops)).toMatchObject({ chain: expect.stringMatching(/^PIER-SVC-/) });
-    expect(lastHop(v.hops).rule).toMatch(/-j MARK --set-xmark 0x2000\/0x2000$/);
+    expect(lastHop(v.hops).rule).toMatch(/-j CONNMARK --set-xmark 0x3000\/0x3000$/);
     expect(v.endpoints[0]!.hops[0]!.chain).toMatch(/^PIER-SVC-/);
   });
 
@@ -130,7 +130,7 @@ describe('trace', () => {
     const hairpin = trace(world, tcp(pods[0]!.v4, N1.v4, 81));
     expect(hairpin.fromNode).toBe(false);
     // The mark comes before the spread: whichever pod answers, the reply must come back through this node.
-    expect(hairpin.hops.at(-1)!.rule).toMatch(new RegExp(`^-s ${pods[0]!.v4}/32 .* -j MARK`));
+    expect(hairpin.hops.at(-1)!.rule).toMatch(new RegExp(`^-s ${pods[0]!.v4}/32 .* -j CONNMARK --set-xmark 0x1000/0x1000$`));
     for (const e of hairpin.endpoints) expect(e).toMatchObject({ masqueraded: true, sourceSeen: { kind: 'node', node: 'n1' } });
   });
 
@@ -214,7 +214,7 @@ describe('trace', () => {
   it('names the agent\'s problems with the Service that claims the frontend', () => {
     const { svc, slices } = service('skewed', 80, pods);
     svc.status!.loadBalancer!.ingress![0]!.ports![0]!.protocol = 'UDP';
-    const w = traceWorld({ nodeName: 'n1', nodeAddresses: [N1.v4], services: [svc], slices, config: world.config, markBit: MARK });
+    const w = traceWorld({ nodeName: 'n1', nodeAddresses: [N1.v4], services: [svc], slices, config: world.config, marks: MARKS });
     const v = trace(w, { ...tcp(OUTSIDE, N1.v4, 80), protocol: 'UDP' });
     expect(v.outcome).toBe('unserved');
     expect(v.reason).toContain('StatusPortMismatch');
@@ -265,7 +265,7 @@ describe('trace on generated worlds agrees with the model', () => {
     fc.assert(
       fc.property(worldArb, (w) => {
         const input = toInput(w);
-        const tw = traceWorld({ ...input, markBit: MARK });
+        const tw = traceWorld({ ...input, marks: MARKS });
         for (const family of ['ipv4', 'ipv6'] as const) {
           for (const served of tw.model[family].ports) {
             for (const f of served.frontends) {

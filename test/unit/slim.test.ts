@@ -13,7 +13,7 @@ import { buildModel, type ModelInput } from '../../agent/model.ts';
 import { renderRuleset } from '../../agent/render.ts';
 import { dropManagedFields, listAll, type ListPage } from '../../lib/informer.ts';
 import { project, slimEndpointSlice, slimNode, slimService, SERVICE_SHAPE } from '../../lib/slim.ts';
-import { CLASS, MARK, NODE, NODE_V4, corrupt, corruptionArb, toInput, worldArb, type World } from './agent-fixtures.ts';
+import { CLASS, MARKS, NODE, NODE_V4, corrupt, corruptionArb, toInput, worldArb, type World } from './agent-fixtures.ts';
 
 const clone = <T>(x: T): T => structuredClone(x);
 
@@ -78,7 +78,7 @@ function slimmed(input: ModelInput): ModelInput {
 /** What the agent computes from an input: the model, and both families' rules. */
 function agentView(input: ModelInput) {
   const model = buildModel(input);
-  return { model, ipv4: renderRuleset(model.ipv4, { markBit: MARK }), ipv6: renderRuleset(model.ipv6, { markBit: MARK }) };
+  return { model, ipv4: renderRuleset(model.ipv4, { marks: MARKS }), ipv6: renderRuleset(model.ipv6, { marks: MARKS }) };
 }
 
 /** Every path to a value in an object, for replacing one. */
