@@ -3,9 +3,9 @@
 // transactions through a resident nft (NftSession).
 import type { Family } from '../lib/contract.ts';
 import { silentLogger, type Logger } from '../lib/log.ts';
-import { IptablesError, type Runner } from './iptables.ts';
+import { IptablesError, type Runner, type RunResult } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
-import { NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
+import { freshScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
 import { firstLines, NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
 import type { ApplyMode } from './applier.ts';
 
@@ -19,6 +19,15 @@ export interface NftApplyResult {
   drift?: string[];
 }
 
+/** The transactions a table written where none is takes, side by side (freshScripts): one per core of the 2-core benchmark machine. */
+const FRESH_PARTS = 2;
+
+/** An `nft -f -` waiting for its script (NftApplier.waitingNft). */
+interface WaitingNft {
+  give: (script: string) => void;
+  result: Promise<RunResult>;
+}
+
 /** How many differences a log line names. */
 const DRIFT_LOG_ITEMS = 10;
 
@@ -30,6 +39,10 @@ export class NftApplier {
   /** The renderer's version the kernel holds, as far as this process knows; undefined = unknown. */
   private applied: number | undefined;
   private readonly session: NftSession | undefined;
+  /** Whether this process has written the table: only its first write may find none there. */
+  private wrote = false;
+  /** The nft processes of the first write (fresh()), started with the applier, waiting for their scripts. */
+  private firstWrite: { create: WaitingNft; parts: WaitingNft[] } | undefined;
 
   constructor(family: Family, run: Runner, log: Logger = silentLogger, metrics?: Pick<AgentMetrics, 'drift'>) {
     this.family = family;
@@ -37,6 +50,20 @@ export class NftApplier {
     this.log = log.child({ family });
     this.metrics = metrics;
     this.session = run.start ? new NftSession(run.start) : undefined;
+    this.firstWrite = { create: this.waitingNft(), parts: Array.from({ length: FRESH_PARTS }, () => this.waitingNft()) };
+  }
+
+  /**
+   * An `nft -f -` started now, reading its script when given one: starting
+   * a process costs 20-30 ms here, in a large Node process, and three of
+   * them were 60-85 ms of a cold sync's path (bench:agent, "nftables ...
+   * cold sync"). An empty script does nothing.
+   */
+  private waitingNft(): WaitingNft {
+    let give: (script: string) => void = () => {};
+    const script = new Promise<string>((resolve) => (give = resolve));
+    const result = this.run('nft', ['-f', '-'], script).catch((err: Error): RunResult => ({ exitCode: -1, stdout: '', stderr: err.message }));
+    return { give, result };
   }
 
   /** Whether the kernel holds a version of the table this applier wrote: else the next apply writes it whole. */
@@ -44,9 +71,18 @@ export class NftApplier {
     return this.applied !== undefined;
   }
 
-  /** Stops the resident nft. */
+  /** Stops the resident nft, and the first write's processes if they still wait. */
   close(): void {
     this.session?.close();
+    this.takeFirstWrite(true);
+  }
+
+  /** The first write's processes, once; `abandon` lets them end, having done nothing. */
+  private takeFirstWrite(abandon = false): { create: WaitingNft; parts: WaitingNft[] } {
+    const w = this.firstWrite ?? { create: this.waitingNft(), parts: Array.from({ length: FRESH_PARTS }, () => this.waitingNft()) };
+    this.firstWrite = undefined;
+    if (abandon) for (const n of [w.create, ...w.parts]) n.give('');
+    return w;
   }
 
   /**
@@ -81,6 +117,20 @@ export class NftApplier {
 
   private async full(u: NftUpdate, reason: string): Promise<NftApplyResult> {
     this.applied = undefined;
+    const first = !this.wrote;
+    this.wrote = true;
+    const bytes = (first && (await this.fresh(u))) || (await this.replace(u));
+    this.applied = u.version;
+    // Off the sync's path: the rules are in place.
+    setImmediate(() => this.session?.prime());
+    // What it serves, to tell an empty or partial first table from a full one in the log.
+    const count = (set: string) => u.state.sets.get(set)?.size ?? 0;
+    this.log.info({ reason, bytes, frontends: count('services'), noEndpoints: count('no-endpoints') }, "pier's nftables table written whole");
+    return { family: this.family, mode: 'full', payloadBytes: bytes, reason };
+  }
+
+  /** The table replaced whole in one transaction: the bytes written. */
+  private async replace(u: NftUpdate): Promise<number> {
     // nft starts while the script is written out: its start-up (~10-15 ms)
     // is then off a cold sync's path (bench:agent, "nftables ... cold sync").
     let give: (script: string) => void = () => {};
@@ -88,12 +138,35 @@ export class NftApplier {
     const payload = nftScript(u.state);
     give(payload);
     await started;
-    this.applied = u.version;
-    this.session?.prime();
-    // What it serves, to tell an empty or partial first table from a full one in the log.
-    const count = (set: string) => u.state.sets.get(set)?.size ?? 0;
-    this.log.info({ reason, bytes: payload.length, frontends: count('services'), noEndpoints: count('no-endpoints') }, "pier's nftables table written whole");
-    return { family: this.family, mode: 'full', payloadBytes: payload.length, reason };
+    return payload.length;
+  }
+
+  /**
+   * This process's first write, where the kernel holds no pier table (a
+   * node's boot): the table created empty, then its elements in FRESH_PARTS
+   * transactions side by side (freshScripts). Until the last commits, a
+   * frontend not yet written is unserved, as it was before. False when a
+   * table is there (an agent's restart: replace() keeps it whole until the
+   * new one commits) or when a part failed; replace() then writes it all.
+   */
+  private async fresh(u: NftUpdate): Promise<number | false> {
+    const { create, parts } = this.takeFirstWrite();
+    const scripts = freshScripts(u.state, FRESH_PARTS);
+    create.give(scripts.create);
+    const r = await create.result;
+    const ok = r.exitCode === 0;
+    parts.forEach((p, k) => p.give(ok ? (scripts.elements[k] ?? '') : ''));
+    const results = await Promise.all(parts.map((p) => p.result));
+    if (!ok) {
+      if (!/File exists/.test(r.stderr)) this.log.info({ err: firstLines(r.stderr) }, "creating pier's nftables table failed; replacing it whole");
+      return false;
+    }
+    const failed = results.find((p) => p.exitCode !== 0);
+    if (failed) {
+      this.log.warn({ err: firstLines(failed.stderr) }, "writing pier's new nftables table in parts failed; replacing it whole");
+      return false;
+    }
+    return scripts.create.length + scripts.elements.reduce((n, e) => n + e.length, 0);
   }
 
   /** The differences between pier's table in the kernel and `state`; a missing table is one. */

@@ -7,8 +7,9 @@
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildModel } from '../../agent/model.ts';
-import { commandRunner } from '../../agent/iptables.ts';
-import { NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, renderNft, type NftRuleset } from '../../agent/nft.ts';
+import { commandRunner, type Runner } from '../../agent/iptables.ts';
+import { freshScripts, NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, renderNft, type NftRuleset } from '../../agent/nft.ts';
+import { NftApplier } from '../../agent/nft-applier.ts';
 import { NftSession } from '../../agent/nft-session.ts';
 import type { Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
@@ -50,6 +51,12 @@ describe('pier tables through nft', () => {
           // Written whole over an existing table: the same state again.
           await nft(nftScript(state));
           expect(await drift(family, state), `${family} rewrite`).toEqual([]);
+          // Written where no table is: created empty, then its elements in parts side by side.
+          await s.exec('nft', ['delete', 'table', NFT_FAMILY[family], NFT_TABLE]);
+          const fresh = freshScripts(state, 2);
+          await nft(fresh.create);
+          await Promise.all(fresh.elements.map((e) => nft(e)));
+          expect(await drift(family, state), `${family} fresh`).toEqual([]);
         }
       }),
       { numRuns: 25 },
@@ -73,6 +80,64 @@ describe('pier tables through nft', () => {
     await expect(session.run('quit')).rejects.toThrow(/nft -i exited \(code 0\)/);
     await session.run('add element ip pier no-endpoints { 192.0.2.11 . tcp . 82 }');
     expect(await elements()).toContain('192.0.2.11 . tcp . 82');
+  });
+
+  it('a first write creates the table and fills it in parts; over a table, or when a part fails, it replaces it whole', async () => {
+    const w = fc.sample(worldArb.filter((x) => buildModel(toInput(x)).ipv4.ports.filter((p) => p.endpoints.length > 0).length > 3), { numRuns: 1, seed: 11 })[0]!;
+    const model = buildModel(toInput(w)).ipv4;
+    const want = new NftRenderer('ipv4', MARKS.masquerade).update(model);
+    const base = commandRunner(['nsenter', `--net=/run/netns/${s.ns}`]);
+    /** The real nft, each script it was given recorded; `after` runs once a script succeeded. */
+    const recording = (after?: (script: string) => Promise<void>) => {
+      const scripts: string[] = [];
+      const run: Runner = async (file, args, input) => {
+        const text = await input;
+        // An empty script (a part told there is nothing to write) does nothing.
+        if (text) scripts.push(text);
+        const r = await base(file, args, text);
+        if (r.exitCode === 0 && text !== undefined) await after?.(text);
+        return r;
+      };
+      return { run, scripts };
+    };
+    await s.exec('nft', ['delete', 'table', 'ip', NFT_TABLE]).catch(() => undefined);
+
+    const boot = recording();
+    const first = new NftApplier('ipv4', boot.run);
+    expect(await first.apply(want)).toMatchObject({ mode: 'full' });
+    expect(boot.scripts[0]).toMatch(/^create table ip pier\n/);
+    expect(boot.scripts.length).toBeGreaterThanOrEqual(2);
+    for (const part of boot.scripts.slice(1)) expect(part).toMatch(/^(add element ip pier \S+ \{ [^\n]+ \}\n)+$/);
+    expect(await drift('ipv4', want.state)).toEqual([]);
+
+    // An agent's restart: the table is there, and is replaced in one transaction.
+    const restart = recording();
+    const restarted = new NftApplier('ipv4', restart.run);
+    expect(await restarted.apply(want)).toMatchObject({ mode: 'full' });
+    expect(restart.scripts.map((x) => x.split('\n')[0])).toEqual(['create table ip pier', 'add table ip pier']);
+    expect(await drift('ipv4', want.state)).toEqual([]);
+    // Its later whole writes (here: the table deleted from outside) replace it in one transaction.
+    await s.exec('nft', ['delete', 'table', 'ip', NFT_TABLE]);
+    const again = recording();
+    const later = new NftApplier('ipv4', again.run);
+    const renderer = new NftRenderer('ipv4', MARKS.masquerade);
+    await later.apply(renderer.update(model));
+    await s.exec('nft', ['delete', 'table', 'ip', NFT_TABLE]);
+    const before = again.scripts.length;
+    expect(await later.apply(renderer.update(model), { verify: true })).toMatchObject({ mode: 'full', reason: 'drift' });
+    expect(again.scripts.slice(before).map((x) => x.split('\n')[0])).toEqual(['add table ip pier']);
+    expect(await drift('ipv4', want.state)).toEqual([]);
+
+    // The table deleted under way, between the create and the parts: those fail, and it is written whole.
+    await s.exec('nft', ['delete', 'table', 'ip', NFT_TABLE]);
+    const raced = recording(async (script) => {
+      if (script.startsWith('create table')) await s.exec('nft', ['delete', 'table', 'ip', NFT_TABLE]);
+    });
+    const racing = new NftApplier('ipv4', raced.run);
+    expect(await racing.apply(want)).toMatchObject({ mode: 'full' });
+    expect(raced.scripts.at(-1)!.split('\n')[0]).toBe('add table ip pier');
+    expect(await drift('ipv4', want.state)).toEqual([]);
+    for (const a of [first, restarted, later, racing]) a.close();
   });
 
   it('sees what another program changed in the table', async () => {

@@ -8,7 +8,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { eachFamily } from '../../agent/applier.ts';
 import { jumpTarget } from '../../agent/restore.ts';
 import { chooseBackend } from '../../agent/backend.ts';
-import { describeRestoreFailure, type Backend } from '../../agent/iptables.ts';
+import { commandRunner, describeRestoreFailure, toolEnv, type Backend } from '../../agent/iptables.ts';
 import type { Family } from '../../lib/contract.ts';
 import { ManifestError, readManifestFiles, readManifests } from '../../agent/manifests.ts';
 import { checkForwarding } from '../../agent/sysctl.ts';
@@ -74,6 +74,15 @@ describe('eachFamily', () => {
     expect(g.started).toEqual(['ipv4', 'ipv6']);
     g.finish('ipv6');
     expect(await g.result).toEqual(['ipv4 applied', 'ipv6 applied']);
+  });
+});
+
+describe('commandRunner', () => {
+  it("runs every tool with glibc's malloc on huge pages, unless the operator set GLIBC_TUNABLES", async () => {
+    expect(toolEnv({})).toEqual({ GLIBC_TUNABLES: 'glibc.malloc.hugetlb=1' });
+    expect(toolEnv({ GLIBC_TUNABLES: 'glibc.malloc.arena_max=2' })).toEqual({ GLIBC_TUNABLES: 'glibc.malloc.arena_max=2' });
+    const r = await commandRunner()('printenv', ['GLIBC_TUNABLES']);
+    expect(r.stdout.trim()).toBe(toolEnv().GLIBC_TUNABLES);
   });
 });
 
