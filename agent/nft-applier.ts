@@ -41,6 +41,7 @@ export class NftApplier {
   private readonly session: NftSession | undefined;
   /** Whether this process has written the table: only its first write may find none there. */
   private wrote = false;
+  private closed = false;
   /** The nft processes of the first write (fresh()), started with the applier, waiting for their scripts. */
   private firstWrite: { create: WaitingNft; parts: WaitingNft[] } | undefined;
 
@@ -73,15 +74,17 @@ export class NftApplier {
 
   /** Stops the resident nft, and the first write's processes if they still wait. */
   close(): void {
+    this.closed = true;
     this.session?.close();
-    this.takeFirstWrite(true);
+    // Given nothing to do, they end.
+    for (const n of this.firstWrite ? [this.firstWrite.create, ...this.firstWrite.parts] : []) n.give('');
+    this.firstWrite = undefined;
   }
 
-  /** The first write's processes, once; `abandon` lets them end, having done nothing. */
-  private takeFirstWrite(abandon = false): { create: WaitingNft; parts: WaitingNft[] } {
+  /** The first write's processes: those started with the applier, or new ones after close(). */
+  private takeFirstWrite(): { create: WaitingNft; parts: WaitingNft[] } {
     const w = this.firstWrite ?? { create: this.waitingNft(), parts: Array.from({ length: FRESH_PARTS }, () => this.waitingNft()) };
     this.firstWrite = undefined;
-    if (abandon) for (const n of [w.create, ...w.parts]) n.give('');
     return w;
   }
 
@@ -122,7 +125,9 @@ export class NftApplier {
     const bytes = (first && (await this.fresh(u))) || (await this.replace(u));
     this.applied = u.version;
     // Off the sync's path: the rules are in place.
-    setImmediate(() => this.session?.prime());
+    setImmediate(() => {
+      if (!this.closed) this.session?.prime();
+    });
     // What it serves, to tell an empty or partial first table from a full one in the log.
     const count = (set: string) => u.state.sets.get(set)?.size ?? 0;
     this.log.info({ reason, bytes, frontends: count('services'), noEndpoints: count('no-endpoints') }, "pier's nftables table written whole");

@@ -62,6 +62,8 @@ export const PICK_RULES = 1;
 /** The sets every table has; maps endpoints-<i> come and go with the largest endpoint count. */
 export const FIXED_SETS = ['services', 'hairpin', 'no-endpoints', 'restricted', 'allowed'] as const;
 
+const TABLE_COMMENT = '"pier: LoadBalancer frontends of this node; managed by pier agent"';
+
 /** nft's user-data comments hold 128 bytes. */
 const MAX_NFT_COMMENT = 127;
 
@@ -401,7 +403,7 @@ export function nftScript(r: NftRuleset): string {
 
 /** The table with its sets and chains, no element. */
 function tableBlock(r: NftRuleset): string {
-  let out = `table ${NFT_FAMILY[r.family]} ${NFT_TABLE} {\n\tcomment "pier: LoadBalancer frontends of this node; managed by pier agent"\n`;
+  let out = `table ${NFT_FAMILY[r.family]} ${NFT_TABLE} {\n\tcomment ${TABLE_COMMENT}\n`;
   out += skeleton(r.family, r.masqueradeBit);
   for (let i = 0; i < width(r); i++) out += pick(r.family, i);
   for (const name of [...r.spreads.keys()].sort(compareText)) out += spread(r.family, r.masqueradeBit, name);
@@ -427,7 +429,8 @@ export function freshScripts(r: NftRuleset, parts: number): { create: string; el
     for (const [k, v] of items) lists[shareOf(compound ? k.slice(0, k.lastIndexOf(' . ')) : k, parts)]!.push(k + v);
     for (let i = 0; i < parts; i++) if (lists[i]!.length > 0) elements[i] += `add element ${t} ${set} { ${lists[i]!.join(', ')} }\n`;
   }
-  return { create: `create table ${t}\n${tableBlock(r)}`, elements };
+  // A table takes its comment when it is made: in the block after, it would be ignored.
+  return { create: `create table ${t} { comment ${TABLE_COMMENT}; }\n${tableBlock(r)}`, elements };
 }
 
 /** Which share a frontend falls in, by the last digits of its port: as even as ports are. */

@@ -105,17 +105,22 @@ describe('pier tables through nft', () => {
     const boot = recording();
     const first = new NftApplier('ipv4', boot.run);
     expect(await first.apply(want)).toMatchObject({ mode: 'full' });
-    expect(boot.scripts[0]).toMatch(/^create table ip pier\n/);
+    expect(boot.scripts[0]).toMatch(/^create table ip pier \{ comment "[^"]+"; \}\n/);
     expect(boot.scripts.length).toBeGreaterThanOrEqual(2);
     for (const part of boot.scripts.slice(1)) expect(part).toMatch(/^(add element ip pier \S+ \{ [^\n]+ \}\n)+$/);
     expect(await drift('ipv4', want.state)).toEqual([]);
+    // The table as a whole write leaves it, its comment too.
+    const listed = async () => (await s.exec('nft', ['list', 'table', 'ip', NFT_TABLE])).stdout.split('\n').slice(0, 2).join('\n');
+    const head = await listed();
+    expect(head).toBe('table ip pier {\n\tcomment "pier: LoadBalancer frontends of this node; managed by pier agent"');
 
     // An agent's restart: the table is there, and is replaced in one transaction.
     const restart = recording();
     const restarted = new NftApplier('ipv4', restart.run);
     expect(await restarted.apply(want)).toMatchObject({ mode: 'full' });
-    expect(restart.scripts.map((x) => x.split('\n')[0])).toEqual(['create table ip pier', 'add table ip pier']);
+    expect(restart.scripts.map((x) => x.split('\n')[0])).toEqual(['create table ip pier { comment "pier: LoadBalancer frontends of this node; managed by pier agent"; }', 'add table ip pier']);
     expect(await drift('ipv4', want.state)).toEqual([]);
+    expect(await listed()).toBe(head);
     // Its later whole writes (here: the table deleted from outside) replace it in one transaction.
     await s.exec('nft', ['delete', 'table', 'ip', NFT_TABLE]);
     const again = recording();
