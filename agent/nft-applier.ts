@@ -5,7 +5,7 @@ import type { Family } from '../lib/contract.ts';
 import { silentLogger, type Logger } from '../lib/log.ts';
 import { IptablesError, type Runner, type RunResult } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
-import { freshScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
+import { createScript, elementScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
 import { firstLines, NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
 import type { ApplyMode } from './applier.ts';
 
@@ -19,7 +19,7 @@ export interface NftApplyResult {
   drift?: string[];
 }
 
-/** The transactions a table written where none is takes, side by side (freshScripts): one per core of the 2-core benchmark machine. */
+/** The transactions a table written where none is takes, side by side (elementScripts): one per core of the 2-core benchmark machine. */
 const FRESH_PARTS = 2;
 
 /** An `nft -f -` waiting for its script (NftApplier.waitingNft). */
@@ -149,18 +149,20 @@ export class NftApplier {
   /**
    * This process's first write, where the kernel holds no pier table (a
    * node's boot): the table created empty, then its elements in FRESH_PARTS
-   * transactions side by side (freshScripts). Until the last commits, a
+   * transactions side by side (elementScripts). Until the last commits, a
    * frontend not yet written is unserved, as it was before. False when a
    * table is there (an agent's restart: replace() keeps it whole until the
    * new one commits) or when a part failed; replace() then writes it all.
    */
   private async fresh(u: NftUpdate): Promise<number | false> {
     const { create, parts } = this.takeFirstWrite();
-    const scripts = freshScripts(u.state, FRESH_PARTS);
-    create.give(scripts.create);
+    const made = createScript(u.state);
+    create.give(made);
+    // Written out while the table is made.
+    const elements = elementScripts(u.state, FRESH_PARTS);
     const r = await create.result;
     const ok = r.exitCode === 0;
-    parts.forEach((p, k) => p.give(ok ? (scripts.elements[k] ?? '') : ''));
+    parts.forEach((p, k) => p.give(ok ? (elements[k] ?? '') : ''));
     const results = await Promise.all(parts.map((p) => p.result));
     if (!ok) {
       if (!/File exists/.test(r.stderr)) this.log.info({ err: firstLines(r.stderr) }, "creating pier's nftables table failed; replacing it whole");
@@ -171,7 +173,7 @@ export class NftApplier {
       this.log.warn({ err: firstLines(failed.stderr) }, "writing pier's new nftables table in parts failed; replacing it whole");
       return false;
     }
-    return scripts.create.length + scripts.elements.reduce((n, e) => n + e.length, 0);
+    return made.length + elements.reduce((n, e) => n + e.length, 0);
   }
 
   /** The differences between pier's table in the kernel and `state`; a missing table is one. */

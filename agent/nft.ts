@@ -410,16 +410,20 @@ function tableBlock(r: NftRuleset): string {
   return `${out}}\n`;
 }
 
+/** The table made where none is, with no element: fails if a table is there. */
+export function createScript(r: NftRuleset): string {
+  // A table takes its comment when it is made: in the block after, it would be ignored.
+  return `create table ${NFT_FAMILY[r.family]} ${NFT_TABLE} { comment ${TABLE_COMMENT}; }\n${tableBlock(r)}`;
+}
+
 /**
- * The table written where none is, in transactions that can run side by
- * side: `create` makes the table with no element, and fails if a table is
- * there; each of `elements` then adds the elements of a share of the
- * frontends, each frontend's in one transaction. nft spends its time
- * parsing, one process to a core: at 10,000 ports two halves in parallel
- * took 210-270 ms where the one transaction took 270-490 (bench:agent,
- * "nftables ... cold sync").
+ * The elements of a table made by createScript, in `parts` transactions
+ * that can run side by side, each frontend's elements in one. nft spends
+ * its time parsing, one process to a core: at 10,000 ports two halves in
+ * parallel took 210-270 ms where the one transaction took 270-490
+ * (bench:agent, "nftables ... cold sync").
  */
-export function freshScripts(r: NftRuleset, parts: number): { create: string; elements: string[] } {
+export function elementScripts(r: NftRuleset, parts: number): string[] {
   const t = `${NFT_FAMILY[r.family]} ${NFT_TABLE}`;
   const elements = Array.from({ length: parts }, () => '');
   for (const [set, items] of r.sets) {
@@ -429,8 +433,7 @@ export function freshScripts(r: NftRuleset, parts: number): { create: string; el
     for (const [k, v] of items) lists[shareOf(compound ? k.slice(0, k.lastIndexOf(' . ')) : k, parts)]!.push(k + v);
     for (let i = 0; i < parts; i++) if (lists[i]!.length > 0) elements[i] += `add element ${t} ${set} { ${lists[i]!.join(', ')} }\n`;
   }
-  // A table takes its comment when it is made: in the block after, it would be ignored.
-  return { create: `create table ${t} { comment ${TABLE_COMMENT}; }\n${tableBlock(r)}`, elements };
+  return elements;
 }
 
 /** Which share a frontend falls in, by the last digits of its port: as even as ports are. */

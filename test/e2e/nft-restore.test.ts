@@ -8,7 +8,7 @@ import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildModel } from '../../agent/model.ts';
 import { commandRunner, type Runner } from '../../agent/iptables.ts';
-import { freshScripts, NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, renderNft, type NftRuleset } from '../../agent/nft.ts';
+import { createScript, elementScripts, NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, renderNft, type NftRuleset } from '../../agent/nft.ts';
 import { NftApplier } from '../../agent/nft-applier.ts';
 import { NftSession } from '../../agent/nft-session.ts';
 import type { Family } from '../../lib/contract.ts';
@@ -53,9 +53,8 @@ describe('pier tables through nft', () => {
           expect(await drift(family, state), `${family} rewrite`).toEqual([]);
           // Written where no table is: created empty, then its elements in parts side by side.
           await s.exec('nft', ['delete', 'table', NFT_FAMILY[family], NFT_TABLE]);
-          const fresh = freshScripts(state, 2);
-          await nft(fresh.create);
-          await Promise.all(fresh.elements.map((e) => nft(e)));
+          await nft(createScript(state));
+          await Promise.all(elementScripts(state, 2).map((e) => nft(e)));
           expect(await drift(family, state), `${family} fresh`).toEqual([]);
         }
       }),
