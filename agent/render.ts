@@ -651,7 +651,7 @@ export interface FixedRules {
 const fixedRulesCache = new Map<string, FixedRules>();
 
 /** One bit each, and not the same bit: else a RangeError naming them. */
-export function checkMarkBits(marks: MarkBits): void {
+function checkMarkBits(marks: MarkBits): void {
   const one = (b: number) => Number.isInteger(b) && b > 0 && b <= 0x80000000 && (b & (b - 1)) === 0;
   if (!one(marks.accept) || !one(marks.masquerade)) throw new RangeError(`mark bits ${hex(marks.accept)} and ${hex(marks.masquerade)}: each must be a single bit`);
   if (marks.accept === marks.masquerade) throw new RangeError(`mark bits: accept and masquerade are both ${hex(marks.accept)}; they must differ`);
