@@ -51,7 +51,11 @@ export class NftApplier {
     this.log = log.child({ family });
     this.metrics = metrics;
     this.session = run.start ? new NftSession(run.start) : undefined;
-    this.firstWrite = { create: this.waitingNft(), parts: Array.from({ length: FRESH_PARTS }, () => this.waitingNft()) };
+    this.firstWrite = this.startFirstWrite();
+  }
+
+  private startFirstWrite(): { create: WaitingNft; parts: WaitingNft[] } {
+    return { create: this.waitingNft(), parts: Array.from({ length: FRESH_PARTS }, () => this.waitingNft()) };
   }
 
   /**
@@ -83,7 +87,7 @@ export class NftApplier {
 
   /** The first write's processes: those started with the applier, or new ones after close(). */
   private takeFirstWrite(): { create: WaitingNft; parts: WaitingNft[] } {
-    const w = this.firstWrite ?? { create: this.waitingNft(), parts: Array.from({ length: FRESH_PARTS }, () => this.waitingNft()) };
+    const w = this.firstWrite ?? this.startFirstWrite();
     this.firstWrite = undefined;
     return w;
   }
