@@ -12,8 +12,12 @@ import { parseAddress } from './model.ts';
 import { allocateOffline, allocatorConfig, PLAN_SPEC } from './plan.ts';
 import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket } from './trace.ts';
 
-/** plan's own flags, so that trace sees exactly what plan renders. */
-const PLAN_OPTIONS = PLAN_SPEC.options.filter((o) => !['node', 'family', 'format', 'filename'].includes(o.name));
+/**
+ * plan's own flags, so that trace sees exactly what plan renders; not
+ * --backend: trace walks the iptables rules, and a flag it took and did not
+ * follow would name nftables hops that are iptables chains.
+ */
+const PLAN_OPTIONS = PLAN_SPEC.options.filter((o) => !['node', 'family', 'format', 'filename', 'backend'].includes(o.name));
 
 export const TRACE_SPEC: CommandSpec = {
   name: 'trace',

@@ -320,6 +320,10 @@ describe('pier trace (the command)', () => {
     const family = await pier(OUTSIDE, `[${N1.v6}]:80/tcp`, '--node', 'n1', '-f', dir);
     expect(family.exitCode).toBe(2);
     expect(family.stderr).toContain('different address families');
+    // It walks the iptables rules: a --backend it would not follow is refused.
+    const backend = await pier(INSIDE, `${N1.v4}:83/tcp`, '--node', 'n1', '-f', dir, '--backend', 'nftables');
+    expect(backend.exitCode).toBe(2);
+    expect(backend.stderr).toContain("Unknown option '--backend'");
     const noNode = await pier(OUTSIDE, `${N1.v4}:80/tcp`, '--node', 'n9', '-f', dir);
     expect(noNode.exitCode).toBe(1);
     expect(noNode.stderr).toContain('no Node named "n9" (Nodes found: n1)');
