@@ -27,7 +27,7 @@ import { silentLogger } from '../lib/log.ts';
 import type { Backend, StartedRestore, Xtables } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
 import { CHAIN_PREFIX, sameStrings, TABLES, type Ruleset, type TableName } from './render.ts';
-import { jumpTarget, parseSave, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
+import { jumpTarget, parseSave, restorePieces, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
 
 export type { JumpEdits };
 
@@ -224,13 +224,12 @@ export class Applier {
       jumpEdits[table] = { remove: [...edits.remove, ...wanted.filter((j) => !missing.has(j))], insert: [...wanted] };
     }
     // One transaction: stale jumps out (before their chains are deleted),
-    // chains rewritten, jumps in. No command per jump.
-    const payload = restoreText(next, { existingChains, jumps: jumpEdits });
-    if (payload === '') restore?.cancel();
-    else await (restore ? restore.finish(payload) : this.xt.restore(payload));
+    // chains rewritten, jumps in. No command per jump. Written out as the
+    // restore takes it.
+    const bytes = await (restore ?? this.xt.startRestore()).finish(restorePieces(next, { existingChains, jumps: jumpEdits }));
     this.applied = next;
-    this.log.info({ reason, bytes: payload.length, jumpsInserted }, 'full rewrite of pier chains');
-    return { family: this.family, mode: 'full', payloadBytes: payload.length, jumpsInserted, reason };
+    this.log.info({ reason, bytes, jumpsInserted }, 'full rewrite of pier chains');
+    return { family: this.family, mode: 'full', payloadBytes: bytes, jumpsInserted, reason };
   }
 
   /** nat and filter in one iptables-save call. */

@@ -2,7 +2,9 @@
 // argument array; rule text from the renderer is split into arguments
 // (splitRule), never handed to a shell.
 import { execa, type Subprocess } from 'execa';
+import { once } from 'node:events';
 import { constants } from 'node:os';
+import type { Writable } from 'node:stream';
 import type { Family } from '../lib/contract.ts';
 import { splitRule } from './restore.ts';
 
@@ -29,14 +31,18 @@ export interface RunResult {
   stderr: string;
 }
 
+/** A tool's input: whole, or in pieces made as the tool takes them (writeInput). */
+export type Input = string | Iterable<string> | AsyncIterable<string>;
+
 /**
  * Runs one command. `prefix` (for example `ip netns exec NS`) lets tests and
  * benchmarks aim the agent at a namespace of their own; the agent itself runs
  * in the namespace it programs and uses none. A promised `input` starts the
- * process at once and writes its stdin when the promise settles (nothing if
- * it rejects).
+ * process at once and writes its stdin when the promise settles. Should the
+ * promise or the input's pieces fail, the process is killed before it reads
+ * an end: a tool given part of its input must not take it for the whole.
  */
-export type Runner = ((file: string, args: string[], input?: string | Promise<string>) => Promise<RunResult>) & {
+export type Runner = ((file: string, args: string[], input?: string | Promise<Input>) => Promise<RunResult>) & {
   /**
    * Starts a long-lived process where the runner runs its commands, its
    * stdin and stderr piped. A runner without it (some tests') gets
@@ -65,17 +71,15 @@ export function commandRunner(prefix: readonly string[] = []): Runner {
     return execa(cmd!, rest, { env, stdin: 'pipe', stdout: 'ignore', stderr: 'pipe', buffer: false, reject: false });
   };
   return Object.assign(run, { start });
-  async function run(file: string, args: string[], input?: string | Promise<string>): Promise<RunResult> {
+  async function run(file: string, args: string[], input?: string | Promise<Input>): Promise<RunResult> {
     const [cmd, ...rest] = argv(file, args);
     const now = typeof input === 'string' ? input : undefined;
     const sub = execa(cmd!, rest, { env, input: now, reject: false, stripFinalNewline: false, maxBuffer: 512 * 1024 * 1024 });
     // execa reports a write to a process that is already gone in the result,
     // not as an error of its own.
-    if (typeof input === 'object') {
-      input.then(
-        (text) => sub.stdin?.end(text),
-        () => sub.stdin?.end(),
-      );
+    if (typeof input === 'object' && sub.stdin) {
+      const stdin = sub.stdin;
+      input.then((given) => writeInput(stdin, given)).catch(() => sub.kill('SIGKILL'));
     }
     const r = await sub;
     const stdout = String(r.stdout ?? '');
@@ -92,6 +96,46 @@ export function commandRunner(prefix: readonly string[] = []): Runner {
   }
 }
 
+/** Pieces are gathered into writes of about this size: a pipe's default capacity. */
+const PIPE_CHUNK = 64 * 1024;
+
+/**
+ * Writes `input` to a process's stdin and ends it. Pieces are made only as
+ * the pipe takes the last ones, so that the tool parses the first while the
+ * rest are made: an iptables-restore of 10,000 ports' payload (3.7 MB) fed
+ * so took 655 ms where the same text made first took 727 ms (median of 9,
+ * one run side by side). Stops quietly when the process is gone; its exit
+ * says why. Throws what the pieces throw, leaving stdin open.
+ */
+export async function writeInput(stdin: Writable, input: Input): Promise<void> {
+  if (typeof input === 'string') {
+    stdin.end(input);
+    return;
+  }
+  let chunk = '';
+  for await (const piece of input) {
+    chunk += piece;
+    if (chunk.length < PIPE_CHUNK) continue;
+    if (stdin.destroyed) return;
+    const flowing = stdin.write(chunk);
+    chunk = '';
+    if (!flowing && !(await drained(stdin))) return;
+  }
+  if (!stdin.destroyed) stdin.end(chunk);
+}
+
+/** Whether the stream drained, rather than closed or failed first. */
+async function drained(stream: Writable): Promise<boolean> {
+  const stop = new AbortController();
+  try {
+    return await Promise.race([once(stream, 'drain', { signal: stop.signal }).then(() => true), once(stream, 'close', { signal: stop.signal }).then(() => false)]);
+  } catch {
+    return false;
+  } finally {
+    stop.abort();
+  }
+}
+
 export function binaries(backend: Backend, family: Family): { cmd: string; save: string; restore: string } {
   const base = family === 'ipv4' ? 'iptables' : 'ip6tables';
   return { cmd: `${base}-${backend}`, save: `${base}-${backend}-save`, restore: `${base}-${backend}-restore` };
@@ -99,8 +143,8 @@ export function binaries(backend: Backend, family: Family): { cmd: string; save:
 
 /** An iptables-restore process waiting for its payload (Xtables.startRestore). */
 export interface StartedRestore {
-  /** Hands over the payload; resolves or throws as Xtables.restore does. */
-  finish(payload: string): Promise<void>;
+  /** Hands over the payload; resolves to its length, or throws as Xtables.restore does. */
+  finish(payload: string | Iterable<string>): Promise<number>;
   /** Lets it exit without changing anything. A no-op after finish(). */
   cancel(): void;
 }
@@ -136,8 +180,8 @@ export class Xtables {
    * an empty input and exits having changed nothing.
    */
   startRestore(): StartedRestore {
-    let give: (payload: string) => void = () => {};
-    const input = new Promise<string>((resolve) => (give = resolve));
+    let give: (payload: Input) => void = () => {};
+    const input = new Promise<Input>((resolve) => (give = resolve));
     let given = false;
     let exited = false;
     const outcome = this.run(this.bin.restore, this.restoreArgs(), input).finally(() => {
@@ -149,10 +193,18 @@ export class Xtables {
       finish: async (payload) => {
         if (given) throw new Error('this iptables-restore was already given its input');
         given = true;
-        // Gone before it got anything (killed, or it could not start): one now.
-        if (exited) return this.restore(payload);
-        give(payload);
-        this.checkRestore(await outcome, payload);
+        // What was written, for the error's line and the length.
+        const written: string[] = [];
+        const text = () => (typeof payload === 'string' ? payload : written.join(''));
+        if (exited) {
+          // Gone before it got anything (killed, or it could not start): one now.
+          const whole = typeof payload === 'string' ? payload : [...payload].join('');
+          await this.restore(whole);
+          return whole.length;
+        }
+        give(typeof payload === 'string' ? payload : recorded(payload, written));
+        this.checkRestore(await outcome, text());
+        return text().length;
       },
       cancel: () => {
         given = true;
@@ -217,6 +269,14 @@ export class Xtables {
   private async must(args: string[]): Promise<void> {
     const r = await this.run(this.bin.cmd, [...this.wait, ...args]);
     if (r.exitCode !== 0) throw new IptablesError(`${this.bin.cmd} ${args.join(' ')}: ${r.stderr.trim()}`, r.stderr, r.exitCode);
+  }
+}
+
+/** `pieces` as they are taken, each kept in `into`. */
+function* recorded(pieces: Iterable<string>, into: string[]): Generator<string> {
+  for (const piece of pieces) {
+    into.push(piece);
+    yield piece;
   }
 }
 

@@ -31,7 +31,15 @@ export interface JumpEdits {
  * changes.
  */
 export function restoreText(next: Ruleset, opts: RestoreOptions = {}): string {
-  const out: string[] = [];
+  return [...restorePieces(next, opts)].join('');
+}
+
+/**
+ * restoreText in pieces, each made when it is asked for, so that a full
+ * rewrite's iptables-restore parses the first chains while the rest are
+ * written out (Xtables.startRestore). Each piece is whole lines.
+ */
+export function* restorePieces(next: Ruleset, opts: RestoreOptions = {}): Generator<string> {
   for (const table of TABLES) {
     const want = next.tables[table].chains;
     const write: string[] = [];
@@ -55,23 +63,22 @@ export function restoreText(next: Ruleset, opts: RestoreOptions = {}): string {
     const jumps = opts.jumps?.[table];
     if (write.length === 0 && remove.length === 0 && !jumps?.remove.length && !jumps?.insert.length) continue;
     remove.sort();
-    out.push(`*${table}`);
     // Flushing a doomed chain first drops its references to other chains, so
     // every -X below succeeds whatever order the chains referenced each other in.
-    for (const chain of [...write, ...remove]) out.push(`:${chain} - [0:0]`);
+    yield `*${table}\n${[...write, ...remove].map((chain) => `:${chain} - [0:0]\n`).join('')}`;
     for (const chain of write) {
       const rules = want.get(chain)!;
       // One join per chain rather than a string per rule: at 10,000 ports the
       // payload is megabytes.
-      if (rules.length > 0) out.push(`-A ${chain} ${rules.join(`\n-A ${chain} `)}`);
+      if (rules.length > 0) yield `-A ${chain} ${rules.join(`\n-A ${chain} `)}\n`;
     }
+    const tail: string[] = [];
     // A jump goes before its chain can.
-    for (const j of jumps?.remove ?? []) out.push(`-D ${j.chain} ${j.rule}`);
-    for (const chain of remove) out.push(`-X ${chain}`);
-    for (const j of [...(jumps?.insert ?? [])].reverse()) out.push(`-I ${j.chain} 1 ${j.rule}`);
-    out.push('COMMIT');
+    for (const j of jumps?.remove ?? []) tail.push(`-D ${j.chain} ${j.rule}\n`);
+    for (const chain of remove) tail.push(`-X ${chain}\n`);
+    for (const j of [...(jumps?.insert ?? [])].reverse()) tail.push(`-I ${j.chain} 1 ${j.rule}\n`);
+    yield `${tail.join('')}COMMIT\n`;
   }
-  return out.length === 0 ? '' : `${out.join('\n')}\n`;
 }
 
 /**

@@ -4,13 +4,14 @@
 import { execa } from 'execa';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { Applier, eachFamily, removeAll } from '../../agent/applier.ts';
-import { Xtables, commandRunner, type Runner } from '../../agent/iptables.ts';
+import { Xtables, commandRunner, type Input, type Runner } from '../../agent/iptables.ts';
 import { buildModel } from '../../agent/model.ts';
 import { renderRuleset, type Ruleset } from '../../agent/render.ts';
 import { MARKS } from '../unit/agent-fixtures.ts';
 import { parseSave } from '../../agent/restore.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
+import { inputText } from '../support/input.ts';
 
 const NODE_IP = '198.51.100.11';
 const NODE_IP6 = '2001:db8::11';
@@ -61,7 +62,7 @@ async function processesIn(ns: string): Promise<number[]> {
 
 describe('Applier', () => {
   let s: Scratch;
-  let calls: { file: string; args: string[]; input?: string | Promise<string>; result: Promise<unknown> }[];
+  let calls: { file: string; args: string[]; input?: string | Promise<Input>; result: Promise<unknown> }[];
   let failNextRestore: boolean;
   let xt: Xtables;
   const save = (family: Family) => (family === 'ipv4' ? 'iptables-save' : 'ip6tables-save');
@@ -106,7 +107,7 @@ describe('Applier', () => {
     const r = await a.apply(ruleset(50, 100));
     expect(r.mode).toBe('partial');
     expect(calls.map((c) => c.file)).toEqual(['iptables-nft-restore']);
-    const declared = (await (calls[0]!.input ?? '')).split('\n').filter((l) => l.startsWith(':'));
+    const declared = (await inputText(calls[0]!.input))!.split('\n').filter((l) => l.startsWith(':'));
     expect(declared.length).toBeGreaterThan(0);
     expect(declared.length).toBeLessThan(4);
     expect(await pierState()).toEqual(await expected(ruleset(50, 100)));
@@ -256,7 +257,7 @@ describe('Applier', () => {
       });
       expect(calls.map((c) => c.file)).toEqual([`${bin}-save`, `${bin}-restore`]);
       // Only the three chains are named in the payload.
-      expect((await calls[1]!.input)!.split('\n').filter((l) => l.startsWith(':'))).toEqual([`:${leaf} - [0:0]`, ':PIER-FORWARD - [0:0]', ':PIER-STRAY - [0:0]']);
+      expect((await inputText(calls[1]!.input))!.split('\n').filter((l) => l.startsWith(':'))).toEqual([`:${leaf} - [0:0]`, ':PIER-FORWARD - [0:0]', ':PIER-STRAY - [0:0]']);
       expect(await kernel()).toEqual(before);
       await removeAll(new Xtables('ipv4', backend, mine));
     });

@@ -1,6 +1,7 @@
 // The pure parts of the agent's adapters: backend choice, restore error
 // messages, jump targets, manifest reading and the forwarding check (on a
 // /proc/sys stand-in).
+import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -83,6 +84,51 @@ describe('commandRunner', () => {
     expect(toolEnv({ GLIBC_TUNABLES: 'glibc.malloc.arena_max=2' })).toEqual({ GLIBC_TUNABLES: 'glibc.malloc.arena_max=2' });
     const r = await commandRunner()('printenv', ['GLIBC_TUNABLES']);
     expect(r.stdout.trim()).toBe(toolEnv().GLIBC_TUNABLES);
+  });
+});
+
+describe('a promised input in pieces', () => {
+  const pieces = (n: number, taken: { count: number }) =>
+    (function* () {
+      for (let i = 0; i < n; i++) {
+        taken.count++;
+        yield `${String(i).padStart(63, '.')}\n`;
+      }
+    })();
+
+  it('reaches the process whole, in order', async () => {
+    const taken = { count: 0 };
+    const r = await commandRunner()('sha256sum', [], Promise.resolve(pieces(40_000, taken)));
+    const want = createHash('sha256').update([...pieces(40_000, { count: 0 })].join('')).digest('hex');
+    expect(r.stdout.split(' ')[0]).toBe(want);
+    expect(taken.count).toBe(40_000);
+  });
+
+  it('is made only as the process takes it, and a process that is gone takes no more', async () => {
+    // 2.5 MB that a process reading nothing for a while cannot all have taken.
+    const taken = { count: 0 };
+    const run = commandRunner()('sh', ['-c', 'sleep 1; exit 3'], Promise.resolve(pieces(40_000, taken)));
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(taken.count).toBeGreaterThan(0);
+    expect(taken.count).toBeLessThan(40_000);
+    expect((await run).exitCode).toBe(3);
+    const after = taken.count;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(taken.count).toBe(after);
+    expect(after).toBeLessThan(40_000);
+  });
+
+  it('that fails kills the process before it reads an end', async () => {
+    const failing = async function* () {
+      yield 'a line the process must not take for all\n';
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      throw new Error('the rest could not be made');
+    };
+    // Given an end, cat and then sh would exit 0.
+    const r = await commandRunner()('sh', ['-c', 'cat >/dev/null; exit 0'], Promise.resolve(failing()));
+    expect(r.exitCode).toBe(128 + 9);
+    const rejected = await commandRunner()('sh', ['-c', 'cat >/dev/null; exit 0'], Promise.reject(new Error('no input')));
+    expect(rejected.exitCode).toBe(128 + 9);
   });
 });
 
