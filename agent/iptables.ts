@@ -32,7 +32,7 @@ export interface RunResult {
 }
 
 /** A tool's input: whole, or in pieces made as the tool takes them (writeInput). */
-export type Input = string | Iterable<string> | AsyncIterable<string>;
+export type Input = string | Iterable<string>;
 
 /**
  * Runs one command. `prefix` (for example `ip netns exec NS`) lets tests and
@@ -113,7 +113,7 @@ export async function writeInput(stdin: Writable, input: Input): Promise<void> {
     return;
   }
   let chunk = '';
-  for await (const piece of input) {
+  for (const piece of input) {
     chunk += piece;
     if (chunk.length < PIPE_CHUNK) continue;
     if (stdin.destroyed) return;
@@ -144,7 +144,7 @@ export function binaries(backend: Backend, family: Family): { cmd: string; save:
 /** An iptables-restore process waiting for its payload (Xtables.startRestore). */
 export interface StartedRestore {
   /** Hands over the payload; resolves to its length, or throws as Xtables.restore does. */
-  finish(payload: string | Iterable<string>): Promise<number>;
+  finish(payload: Input): Promise<number>;
   /** Lets it exit without changing anything. A no-op after finish(). */
   cancel(): void;
 }

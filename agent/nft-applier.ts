@@ -3,7 +3,7 @@
 // transactions through a resident nft (NftSession).
 import type { Family } from '../lib/contract.ts';
 import { silentLogger, type Logger } from '../lib/log.ts';
-import { IptablesError, type Input, type Runner, type RunResult } from './iptables.ts';
+import { IptablesError, type Runner, type RunResult } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
 import { createScript, elementScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
 import { firstLines, NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
@@ -24,7 +24,7 @@ const FRESH_PARTS = 2;
 
 /** An `nft -f -` waiting for its script (NftApplier.waitingNft). */
 interface WaitingNft {
-  give: (script: Input) => void;
+  give: (script: string) => void;
   result: Promise<RunResult>;
 }
 
@@ -65,8 +65,8 @@ export class NftApplier {
    * cold sync"). An empty script does nothing.
    */
   private waitingNft(): WaitingNft {
-    let give: (script: Input) => void = () => {};
-    const script = new Promise<Input>((resolve) => (give = resolve));
+    let give: (script: string) => void = () => {};
+    const script = new Promise<string>((resolve) => (give = resolve));
     const result = this.run('nft', ['-f', '-'], script).catch((err: Error): RunResult => ({ exitCode: -1, stdout: '', stderr: err.message }));
     return { give, result };
   }
@@ -162,15 +162,13 @@ export class NftApplier {
     const { create, parts } = this.takeFirstWrite();
     const made = createScript(u.state);
     create.give(made);
-    const created = create.result.then((r) => r.exitCode === 0);
-    // Written out while the table is made, and handed over at once: nft
-    // parses its input as it comes and looks for the table only at the end,
-    // which waits for the table (heldUntil).
+    // Written out while the table is made.
     const elements = elementScripts(u.state, FRESH_PARTS);
-    parts.forEach((p, k) => p.give(heldUntil(elements[k] ?? '', created)));
     const r = await create.result;
+    const ok = r.exitCode === 0;
+    parts.forEach((p, k) => p.give(ok ? (elements[k] ?? '') : ''));
     const results = await Promise.all(parts.map((p) => p.result));
-    if (r.exitCode !== 0) {
+    if (!ok) {
       if (!/File exists/.test(r.stderr)) this.log.info({ err: firstLines(r.stderr) }, "creating pier's nftables table failed; replacing it whole");
       return false;
     }
@@ -196,18 +194,6 @@ export class NftApplier {
     const r = await this.run('nft', ['-f', '-'], script);
     if (r.exitCode !== 0) throw new IptablesError(`nft -f failed (exit ${r.exitCode}): ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
   }
-}
-
-/**
- * `script`, its end held back until `made` says pier's table is there.
- * Parsing is half of what a part's nft does (at 10,000 ports ~70 of ~150
- * ms), and it is done by then. When the table was not made, the input
- * fails and the runner kills nft before it reads an end, so a part never
- * writes into a table it did not see made.
- */
-async function* heldUntil(script: string, made: Promise<boolean>): AsyncGenerator<string> {
-  yield script;
-  if (!(await made)) throw new Error("pier's nftables table was not created");
 }
 
 /**

@@ -87,26 +87,18 @@ describe('pier tables through nft', () => {
     const model = buildModel(toInput(w)).ipv4;
     const want = new NftRenderer('ipv4', MARKS.masquerade).update(model);
     const base = commandRunner(['nsenter', `--net=/run/netns/${s.ns}`]);
-    /**
-     * The real nft, each script it was given recorded; `after` runs once a
-     * script succeeded. `order`: when scripts given in pieces were handed
-     * over, and when the table was created.
-     */
+    /** The real nft, each script it was given recorded; `after` runs once a script succeeded. */
     const recording = (after?: (script: string) => Promise<void>) => {
       const scripts: string[] = [];
-      const order: string[] = [];
       const run: Runner = async (file, args, input) => {
-        const given = await input;
-        if (given !== undefined && typeof given !== 'string') order.push('in pieces');
-        const text = await inputText(given);
+        const text = await inputText(input);
         // An empty script (a part told there is nothing to write) does nothing.
         if (text) scripts.push(text);
         const r = await base(file, args, text);
-        if (r.exitCode === 0 && text?.startsWith('create table')) order.push('created');
         if (r.exitCode === 0 && text !== undefined) await after?.(text);
         return r;
       };
-      return { run, scripts, order };
+      return { run, scripts };
     };
     await s.exec('nft', ['delete', 'table', 'ip', NFT_TABLE]).catch(() => undefined);
 
@@ -116,8 +108,6 @@ describe('pier tables through nft', () => {
     expect(boot.scripts[0]).toMatch(/^create table ip pier \{ comment "[^"]+"; \}\n/);
     expect(boot.scripts.length).toBeGreaterThanOrEqual(2);
     for (const part of boot.scripts.slice(1)) expect(part).toMatch(/^(add element ip pier \S+ \{ [^\n]+ \}\n)+$/);
-    // The parts were handed to their nft before the table was there, to be parsed meanwhile.
-    expect(boot.order).toEqual(['in pieces', 'in pieces', 'created']);
     expect(await drift('ipv4', want.state)).toEqual([]);
     // The table as a whole write leaves it, its comment too.
     const listed = async () => (await s.exec('nft', ['list', 'table', 'ip', NFT_TABLE])).stdout.split('\n').slice(0, 2).join('\n');

@@ -119,9 +119,9 @@ describe('a promised input in pieces', () => {
   });
 
   it('that fails kills the process before it reads an end', async () => {
-    const failing = async function* () {
-      yield 'a line the process must not take for all\n';
-      await new Promise((resolve) => setTimeout(resolve, 50));
+    const failing = function* () {
+      // More than one write's worth: the process has read some when the rest fails.
+      for (let i = 0; i < 100; i++) yield `${'x'.repeat(1023)}\n`;
       throw new Error('the rest could not be made');
     };
     // Given an end, cat and then sh would exit 0.
