@@ -132,8 +132,8 @@ export class Agent {
     // Services whole objects would be most of the agent's memory. Lists are
     // read as JSON (lib/rawlist.ts), each page handed to the head start as it lands.
     const informing = { log: this.log, backoff, raw: true };
-    this.services = serviceInformer(deps.kc, { ...informing, transform: slimService, onListPage: (page) => this.listed((h) => h.servicesListed(page)) });
-    this.slices = endpointSliceInformer(deps.kc, { ...informing, transform: slimEndpointSlice, onListPage: (page) => this.listed((h) => h.slicesListed(page)) });
+    this.services = serviceInformer(deps.kc, { ...informing, transform: slimService, onListPage: (page, left) => this.listed((h) => h.servicesListed(page, left)) });
+    this.slices = endpointSliceInformer(deps.kc, { ...informing, transform: slimEndpointSlice, onListPage: (page, left) => this.listed((h) => h.slicesListed(page, left)) });
     this.nodes = nodeInformer(deps.kc, {
       ...informing,
       transform: slimNode,
@@ -196,12 +196,26 @@ export class Agent {
     for (const applier of this.appliers.values()) if (applier instanceof Applier) void applier.prepare();
     // The model is warmed either way; iptables rule texts only for the iptables backend.
     const families = this.renderedFamilies();
+    // The rehearsal renders as the first sync will; a full write follows either way.
+    const rehearse = (model: Model) => {
+      const started = performance.now();
+      for (const f of families) {
+        if (this.ruleBackend === 'iptables') this.pipeline.ruleset(model[f]);
+        else this.nftRenderer(f).update(model[f], { transaction: false });
+      }
+      const ports = families.reduce((n, f) => n + model[f].ports.length, 0);
+      this.log.debug({ ports, ms: Math.round(performance.now() - started) }, "rendered the first sync's rules ahead, the lists' last pages still to come");
+    };
     this.headStart =
       this.ruleBackend === 'iptables'
-        ? new HeadStart(this.pipeline, families)
-        : new HeadStart(this.pipeline, [], (served) => {
-            const family = servedFamily(served);
-            if (served.frontends.length > 0 && families.includes(family)) this.nftRenderer(family).prepare(served);
+        ? new HeadStart(this.pipeline, { families, rehearse })
+        : new HeadStart(this.pipeline, {
+            families: [],
+            prepare: (served) => {
+              const family = servedFamily(served);
+              if (served.frontends.length > 0 && families.includes(family)) this.nftRenderer(family).prepare(served);
+            },
+            rehearse,
           });
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);

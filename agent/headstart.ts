@@ -12,10 +12,28 @@
 // arrives; one whose slices never do is left to the sync (it has no
 // endpoints, and little to compute). Nothing here decides what the rules are:
 // the sync checks each object by identity and recomputes what does not match.
+//
+// What spans Services (claims, dispatch trees) is rehearsed once, when each
+// list says at most one page is left: the engine runs over everything listed
+// so far, and the first sync settles only the last pages, as it would a
+// burst of events. bench:agent at 10,000 ports, two runs alternating with
+// and without it: computing on the sync's path 35 and 115 ms against 82 and
+// 195, the cold sync 1,009 and 939 ms against 1,137 and 1,138. The lists'
+// remainingItemCount is a hint, not relied upon: without it nothing is
+// rehearsed, and a wrong count only moves when.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
-import { serviceId, sliceServiceId, type ServedPort } from './model.ts';
+import { serviceId, sliceServiceId, type Model, type ServedPort } from './model.ts';
 import type { SyncPipeline } from './pipeline.ts';
+
+export interface HeadStartOptions {
+  /** Those the first sync renders iptables rules for (pipeline.warm). */
+  families: readonly Family[];
+  /** Each served port warmed, for the nftables renderers. */
+  prepare?: (served: ServedPort) => void;
+  /** The rehearsal's model, to render as the first sync will (see above). */
+  rehearse?: (model: Model) => void;
+}
 
 export class HeadStart {
   private readonly pipeline: SyncPipeline;
@@ -26,15 +44,16 @@ export class HeadStart {
   private slices = new Map<string, V1EndpointSlice[]>();
   private over = false;
   private readonly prepare: ((served: ServedPort) => void) | undefined;
+  private readonly onRehearse: ((model: Model) => void) | undefined;
+  /** Per list, what its last page said is left, and that page's size. */
+  private readonly left = { services: undefined as { count: number; page: number } | undefined, slices: undefined as { count: number; page: number } | undefined };
+  private rehearsed = false;
 
-  /**
-   * `families`: those the first sync renders iptables rules for; `prepare`
-   * gets each served port warmed, for the nftables renderers.
-   */
-  constructor(pipeline: SyncPipeline, families: readonly Family[], prepare?: (served: ServedPort) => void) {
+  constructor(pipeline: SyncPipeline, opts: HeadStartOptions) {
     this.pipeline = pipeline;
-    this.families = families;
-    this.prepare = prepare;
+    this.families = opts.families;
+    this.prepare = opts.prepare;
+    this.onRehearse = opts.rehearse;
   }
 
   /** This node's addresses, both families, from its Node as listed. */
@@ -45,9 +64,11 @@ export class HeadStart {
       const svc = this.services.get(id);
       if (svc) this.warm(svc, slices);
     }
+    this.maybeRehearse();
   }
 
-  servicesListed(page: readonly V1Service[]): void {
+  /** `remaining`: what the list holds after this page (see ResilientInformerOptions.onListPage). */
+  servicesListed(page: readonly V1Service[], remaining?: number): void {
     if (this.over) return;
     for (const svc of page) {
       const id = serviceId(svc);
@@ -55,9 +76,11 @@ export class HeadStart {
       const slices = this.slices.get(id);
       if (slices) this.warm(svc, slices);
     }
+    this.left.services = remaining === undefined ? undefined : { count: remaining, page: page.length };
+    this.maybeRehearse();
   }
 
-  slicesListed(page: readonly V1EndpointSlice[]): void {
+  slicesListed(page: readonly V1EndpointSlice[], remaining?: number): void {
     if (this.over) return;
     const touched = new Set<string>();
     for (const slice of page) {
@@ -72,6 +95,8 @@ export class HeadStart {
       const svc = this.services.get(id);
       if (svc) this.warm(svc, this.slices.get(id)!);
     }
+    this.left.slices = remaining === undefined ? undefined : { count: remaining, page: page.length };
+    this.maybeRehearse();
   }
 
   /** The first sync is here: nothing more to warm, nothing more to hold. */
@@ -79,6 +104,16 @@ export class HeadStart {
     this.over = true;
     this.services = new Map();
     this.slices = new Map();
+  }
+
+  /** Once, when both lists have at most one page left and the node's addresses are known. */
+  private maybeRehearse(): void {
+    if (this.rehearsed || !this.onRehearse || !this.nodeAddresses) return;
+    const { services, slices } = this.left;
+    if (!services || !slices || services.count > services.page || slices.count > slices.page) return;
+    this.rehearsed = true;
+    const model = this.pipeline.model({ nodeAddresses: this.nodeAddresses, services: [...this.services.values()], slices: [...this.slices.values()].flat() });
+    this.onRehearse(model);
   }
 
   private warm(svc: V1Service, slices: readonly V1EndpointSlice[]): void {

@@ -36,7 +36,7 @@ import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { Applier, eachFamily, findDrift, diffJumps, type ApplyResult } from '../agent/applier.ts';
-import { HeadStart } from '../agent/headstart.ts';
+import { HeadStart, type HeadStartOptions } from '../agent/headstart.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from '../agent/iptables.ts';
 import { NftApplier, type NftApplyResult } from '../agent/nft-applier.ts';
 import { NftRenderer } from '../agent/nft.ts';
@@ -147,16 +147,18 @@ const PAGE = 500;
 /**
  * The agent's head start (agent/headstart.ts) as its informers drive it: the
  * Node first, then the pages of Services and of slices in the order they
- * would finish arriving, all but the last of each. Returns the rest: the last
- * pages, which arrive when the lists end, on the cold sync's clock.
+ * would finish arriving, each saying what is left as the API server's
+ * remainingItemCount does, all but the last of each. Returns the rest: the
+ * last pages, which arrive when the lists end, on the cold sync's clock.
  */
-function listAhead(p: SyncPipeline, objs: Objects, addresses: string[], families: Family[], prepare?: (served: ServedPort) => void): () => void {
-  const head = new HeadStart(p, families, prepare);
+function listAhead(p: SyncPipeline, objs: Objects, addresses: string[], opts: HeadStartOptions): () => void {
+  const head = new HeadStart(p, opts);
   head.node(addresses);
   const pages = <T>(list: T[]) => Array.from({ length: Math.ceil(list.length / PAGE) }, (_, i) => list.slice(i * PAGE, (i + 1) * PAGE));
+  const left = (list: unknown[], i: number) => Math.max(0, list.length - (i + 1) * PAGE);
   const feeds = [
-    ...pages(objs.services).map((page, i, all) => ({ at: (i + 1) / all.length, feed: () => head.servicesListed(page) })),
-    ...pages(objs.slices).map((page, i, all) => ({ at: (i + 1) / all.length, feed: () => head.slicesListed(page) })),
+    ...pages(objs.services).map((page, i, all) => ({ at: (i + 1) / all.length, feed: () => head.servicesListed(page, left(objs.services, i)) })),
+    ...pages(objs.slices).map((page, i, all) => ({ at: (i + 1) / all.length, feed: () => head.slicesListed(page, left(objs.slices, i)) })),
   ].sort((a, b) => a.at - b.at);
   const last = feeds.filter((f) => f.at === 1);
   for (const f of feeds) if (f.at < 1) f.feed();
@@ -247,7 +249,7 @@ for (const n of sizes) {
       await applier.prepare();
       saves.push(ms(s0));
       const a0 = performance.now();
-      const listed = listAhead(p, objs, [NODE_IP], ['ipv4']);
+      const listed = listAhead(p, objs, [NODE_IP], { families: ['ipv4'], rehearse: (model) => p.ruleset(model.ipv4) });
       aheads.push(ms(a0));
       const t0 = performance.now();
       listed();
@@ -342,7 +344,7 @@ if (dualPorts > 0) {
       const p = pipeline();
       const appliers = { ipv4: new Applier(xt), ipv6: new Applier(xt6) };
       await Promise.all(families.map((f) => appliers[f].prepare()));
-      const listed = listAhead(p, objs, [NODE_IP, NODE_IP6], [...families]);
+      const listed = listAhead(p, objs, [NODE_IP, NODE_IP6], { families, rehearse: (model) => families.forEach((f) => p.ruleset(model[f])) });
       const t0 = performance.now();
       listed();
       const rs = rulesets(p);
@@ -446,7 +448,11 @@ for (const n of sizes) {
           const model = p.model({ nodeAddresses: [NODE_IP], services: [...objs.services], slices: [...objs.slices] });
           return applier.apply(renderer.update(model.ipv4, { transaction: applier.holdsTable }), { verify });
         };
-        const listed = listAhead(p, objs, [NODE_IP], [], (served) => renderer.prepare(served));
+        const listed = listAhead(p, objs, [NODE_IP], {
+          families: [],
+          prepare: (served) => renderer.prepare(served),
+          rehearse: (model) => renderer.update(model.ipv4, { transaction: false }),
+        });
         const t0 = performance.now();
         listed();
         const res = await nftSync();

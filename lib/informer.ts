@@ -40,9 +40,12 @@ export interface ResilientInformerOptions<T extends KubernetesObject> {
   /**
    * Each page of every list (the first and any relist), as it arrives: the
    * very objects, transformed, that the cache will hold once the list is
-   * complete. Must not throw or change them.
+   * complete. Must not throw or change them. `remaining`: how many objects
+   * the list still holds after this page, 0 on its last; undefined when the
+   * API server does not say (remainingItemCount is absent from lists with a
+   * selector).
    */
-  onListPage?: (items: readonly T[]) => void;
+  onListPage?: (items: readonly T[], remaining: number | undefined) => void;
   /** A short name for logs: "services". */
   name: string;
   labelSelector?: string;
@@ -117,7 +120,7 @@ export async function listAll<T extends KubernetesObject>(
   list: (page: ListPage) => Promise<KubernetesListObject<T>>,
   transform: (obj: T) => T,
   pageSize: number,
-  onPage?: (items: readonly T[]) => void,
+  onPage?: (items: readonly T[], remaining: number | undefined) => void,
 ): Promise<KubernetesListObject<T>> {
   for (let attempt = 1; ; attempt++) {
     const items: T[] = [];
@@ -136,7 +139,7 @@ export async function listAll<T extends KubernetesObject>(
         const from = items.length;
         for (const item of page.items ?? []) items.push(transform(item));
         resourceVersion = page.metadata?.resourceVersion ?? resourceVersion;
-        onPage?.(items.slice(from));
+        onPage?.(items.slice(from), next === undefined ? 0 : page.metadata?.remainingItemCount);
         if (next === undefined) return { apiVersion: 'v1', kind: 'List', metadata: { resourceVersion }, items };
       }
     } catch (err) {

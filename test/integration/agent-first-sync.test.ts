@@ -6,9 +6,9 @@
 // --dry-run against a real API server, so what each sync would apply is
 // captured exactly.
 import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Agent, type AgentConfig } from '../../agent/agent.ts';
-import { silentLogger } from '../../lib/log.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 import { eventually } from '../support/wait.ts';
@@ -62,7 +62,9 @@ describe('agent: the first sync', () => {
       leaseDurationSeconds: 20,
       leaseRenewMs: 5000,
     };
-    agent = new Agent(cfg, { kc: cp.admin, log: silentLogger, out: (text) => payloads.push(text) });
+    const logged: { msg: string; ports?: number }[] = [];
+    const log = pino({ level: 'debug' }, { write: (line: string) => void logged.push(JSON.parse(line) as { msg: string }) });
+    agent = new Agent(cfg, { kc: cp.admin, log, out: (text) => payloads.push(text) });
     await agent.start();
     await eventually('the agent ready', () => agent!.ready, { timeoutMs: 60_000 });
     await agent.idle();
@@ -72,5 +74,9 @@ describe('agent: the first sync', () => {
     // One DNAT per Service: its port, to its endpoint.
     const served = new Set([...first!.matchAll(/--dport (2\d{4}) -j DNAT --to-destination 198\.19\.\d+\.\d+:8080/g)].map((m) => m[1]));
     expect(served.size).toBe(COUNT);
+    // The lists came in pages of 500, saying what was left: the rules were rendered ahead from the first pages.
+    const ahead = logged.find((l) => l.msg.startsWith("rendered the first sync's rules ahead"));
+    expect(ahead?.ports).toBeGreaterThanOrEqual(400);
+    expect(ahead?.ports).toBeLessThan(COUNT);
   });
 });

@@ -210,7 +210,7 @@ describe('SyncPipeline', () => {
     }
   });
 
-  it('warmed while the lists arrive (any pages, any order, the Node early, late or elsewhere), the first sync and the later ones equal buildModel and renderRuleset', () => {
+  it('warmed and rehearsed while the lists arrive (any pages, any order, the Node early, late or elsewhere), the first sync and the later ones equal buildModel and renderRuleset', () => {
     const seen = new Map<string, number>();
     const count = (what: string) => seen.set(what, (seen.get(what) ?? 0) + 1);
     fc.assert(
@@ -225,6 +225,8 @@ describe('SyncPipeline', () => {
           // The Node's addresses when listed; the sync's may differ (another Node object since).
           nodePick: fc.option(fc.array(fc.boolean(), { minLength: 6, maxLength: 6 }), { freq: 3 }),
           families: fc.subarray([...FAMILIES]),
+          // Whether the pages say what is left, which lets the head start rehearse the first sync.
+          counted: fc.boolean(),
         }),
         fc.array(opArb, { maxLength: 4 }),
         fc.array(opArb, { maxLength: 4 }),
@@ -232,7 +234,14 @@ describe('SyncPipeline', () => {
           const start = toInput(world);
           const s: State = { nodeAddresses: [...NODE_V4, ...NODE_V6], services: [...start.services], slices: [...start.slices], deleted: [], serial: 0 };
           const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
-          const head = new HeadStart(pipeline, listing.families);
+          let rehearsed = false;
+          const head = new HeadStart(pipeline, {
+            families: listing.families,
+            rehearse: (model) => {
+              rehearsed = true;
+              for (const f of listing.families) pipeline.ruleset(model[f]);
+            },
+          });
           const listedAddresses = listing.nodePick ? ALL_NODE_ADDRESSES.filter((_, i) => listing.nodePick![i]) : s.nodeAddresses;
           const pages = <T>(list: T[], size: number) => Array.from({ length: Math.ceil(list.length / size) }, (_, i) => list.slice(i * size, (i + 1) * size));
           const servicePages = pages(s.services, listing.servicePage);
@@ -242,15 +251,17 @@ describe('SyncPipeline', () => {
             if (step_++ === listing.nodeAt) head.node(listedAddresses);
           };
           let i = 0;
+          const left = <T>(pages: T[][]) => (listing.counted ? pages.reduce((n, p) => n + p.length, 0) : undefined);
           while (servicePages.length > 0 || slicePages.length > 0) {
             nodeNow();
             const servicesNext = slicePages.length === 0 || (servicePages.length > 0 && (listing.order[i++] ?? true));
-            if (servicesNext) head.servicesListed(servicePages.shift()!);
-            else head.slicesListed(slicePages.shift()!);
+            if (servicesNext) head.servicesListed(servicePages.shift()!, left(servicePages));
+            else head.slicesListed(slicePages.shift()!, left(slicePages));
           }
           if (step_ <= listing.nodeAt) head.node(listedAddresses);
           head.done();
           count(listing.nodePick ? 'other addresses' : 'the same addresses');
+          if (rehearsed) count('rehearsed');
           if (before.length > 0) count('changed before the sync');
 
           for (const [k, op] of [...before, { kind: 'noop' } as Op, ...after].entries()) {
@@ -268,7 +279,7 @@ describe('SyncPipeline', () => {
       ),
       { numRuns: 250 },
     );
-    for (const what of ['other addresses', 'the same addresses', 'changed before the sync']) expect(seen.get(what) ?? 0, what).toBeGreaterThan(20);
+    for (const what of ['other addresses', 'the same addresses', 'changed before the sync', 'rehearsed']) expect(seen.get(what) ?? 0, what).toBeGreaterThan(20);
   });
 
   it('the first sync takes what was warmed while listing, by identity', () => {
@@ -284,7 +295,7 @@ describe('SyncPipeline', () => {
       ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
     };
     const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
-    const head = new HeadStart(pipeline, ['ipv4']);
+    const head = new HeadStart(pipeline, { families: ['ipv4'] });
     head.slicesListed([slice]);
     head.node([...NODE_V4]);
     head.servicesListed([svc]);
@@ -294,6 +305,43 @@ describe('SyncPipeline', () => {
     const rules = [...pipeline.ruleset(pipeline.model({ nodeAddresses: [...NODE_V4], services: [svc], slices: [slice] }).ipv4).tables.nat.chains.values()].flat().join('\n');
     expect(rules).toContain('198.18.0.1:8080');
     expect(rules).not.toContain('198.18.0.2');
+  });
+
+  it('rehearses the first sync once, when each list has at most one page left and the Node is known', () => {
+    const svc = (i: number): V1Service => ({
+      metadata: { namespace: 'ns', name: `web-${i}` },
+      spec: { type: 'LoadBalancer', loadBalancerClass: CONFIG.loadBalancerClass, ports: [{ name: 'p', port: 80 + i, protocol: 'TCP' }] },
+      status: { loadBalancer: { ingress: [{ ip: NODE_V4[0]!, ports: [{ port: 80 + i, protocol: 'TCP' }] }] } },
+    });
+    const slice = (i: number): V1EndpointSlice => ({
+      metadata: { namespace: 'ns', name: `web-${i}-1`, labels: { 'kubernetes.io/service-name': `web-${i}` } },
+      addressType: 'IPv4',
+      endpoints: [{ addresses: [`198.18.0.${i + 1}`], nodeName: NODE, conditions: { ready: true } }],
+      ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
+    });
+    const run = (counted: boolean, nodeFirst: boolean) => {
+      const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
+      const seen: string[] = [];
+      const head = new HeadStart(pipeline, { families: ['ipv4'], rehearse: (m) => seen.push(`rehearsed ${m.ipv4.ports.length}`) });
+      const left = (n: number) => (counted ? n : undefined);
+      if (nodeFirst) head.node([...NODE_V4]);
+      // Pages of 2 of 6 Services and 6 slices.
+      head.servicesListed([svc(0), svc(1)], left(4));
+      head.slicesListed([slice(0), slice(1)], left(4));
+      seen.push('2 left');
+      head.servicesListed([svc(2), svc(3)], left(2));
+      seen.push('services: one left');
+      head.slicesListed([slice(2), slice(3)], left(2));
+      seen.push('slices: one left');
+      if (!nodeFirst) head.node([...NODE_V4]);
+      head.servicesListed([svc(4), svc(5)], left(0));
+      head.slicesListed([slice(4), slice(5)], left(0));
+      head.done();
+      return seen;
+    };
+    expect(run(true, true)).toEqual(['2 left', 'services: one left', 'rehearsed 4', 'slices: one left']);
+    expect(run(true, false)).toEqual(['2 left', 'services: one left', 'slices: one left', 'rehearsed 4']);
+    expect(run(false, true)).toEqual(['2 left', 'services: one left', 'slices: one left']);
   });
 
   it('at scale, rewrites only the chains on a changed port\'s path and keeps every other chain by identity', () => {
