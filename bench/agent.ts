@@ -464,8 +464,8 @@ for (const n of sizes) {
         const verifies: number[] = [];
         // As with iptables, changes between no-op syncs; the verifying
         // syncs after them, as the agent runs one every few minutes, not
-        // between two changes (one collected garbage of the 10,000 elements
-        // it read back into the change after it: 10-12 ms, against 4-6).
+        // between two changes (a change right after one paid for collecting
+        // the 10,000 elements it had read back: 10-12 ms, against 4-6).
         for (let r = 0; r < repeat; r++) {
           const t = performance.now();
           if ((await nftSync()).mode !== 'noop') throw new Error('expected a no-op nft sync');
