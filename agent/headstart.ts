@@ -45,8 +45,8 @@ export class HeadStart {
   private over = false;
   private readonly prepare: ((served: ServedPort) => void) | undefined;
   private readonly onRehearse: ((model: Model) => void) | undefined;
-  /** Per list, what its last page said is left, and that page's size. */
-  private readonly left = { services: undefined as { count: number; page: number } | undefined, slices: undefined as { count: number; page: number } | undefined };
+  /** Per list, whether its last page said at most one more page is left. */
+  private readonly lastPageNext = { services: false, slices: false };
   private rehearsed = false;
 
   constructor(pipeline: SyncPipeline, opts: HeadStartOptions) {
@@ -76,7 +76,7 @@ export class HeadStart {
       const slices = this.slices.get(id);
       if (slices) this.warm(svc, slices);
     }
-    this.left.services = remaining === undefined ? undefined : { count: remaining, page: page.length };
+    this.lastPageNext.services = onePageLeft(page, remaining);
     this.maybeRehearse();
   }
 
@@ -95,7 +95,7 @@ export class HeadStart {
       const svc = this.services.get(id);
       if (svc) this.warm(svc, this.slices.get(id)!);
     }
-    this.left.slices = remaining === undefined ? undefined : { count: remaining, page: page.length };
+    this.lastPageNext.slices = onePageLeft(page, remaining);
     this.maybeRehearse();
   }
 
@@ -109,8 +109,7 @@ export class HeadStart {
   /** Once, when both lists have at most one page left and the node's addresses are known. */
   private maybeRehearse(): void {
     if (this.rehearsed || !this.onRehearse || !this.nodeAddresses) return;
-    const { services, slices } = this.left;
-    if (!services || !slices || services.count > services.page || slices.count > slices.page) return;
+    if (!this.lastPageNext.services || !this.lastPageNext.slices) return;
     this.rehearsed = true;
     const model = this.pipeline.model({ nodeAddresses: this.nodeAddresses, services: [...this.services.values()], slices: [...this.slices.values()].flat() });
     this.onRehearse(model);
@@ -121,4 +120,9 @@ export class HeadStart {
     const served = this.pipeline.warm(this.nodeAddresses, svc, slices, this.families);
     if (this.prepare) for (const s of served) this.prepare(s);
   }
+}
+
+/** Whether a list that sent `page` has at most one page like it left; unknown counts as no. */
+function onePageLeft(page: readonly unknown[], remaining: number | undefined): boolean {
+  return remaining !== undefined && remaining <= page.length;
 }

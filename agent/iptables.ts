@@ -195,18 +195,23 @@ export class Xtables {
       finish: async (payload) => {
         if (given) throw new Error('this iptables-restore was already given its input');
         given = true;
-        // What was written, for the error's line and the length.
-        const written: string[] = [];
-        const text = () => (typeof payload === 'string' ? payload : written.join(''));
         if (exited) {
           // Gone before it got anything (killed, or it could not start): one now.
           const whole = typeof payload === 'string' ? payload : [...payload].join('');
           await this.restore(whole);
           return whole.length;
         }
-        give(typeof payload === 'string' ? payload : recorded(payload, written));
-        this.checkRestore(await outcome, text());
-        return text().length;
+        if (typeof payload === 'string') {
+          give(payload);
+          this.checkRestore(await outcome, payload);
+          return payload.length;
+        }
+        // What was written: joined only for a failure's line.
+        const written: string[] = [];
+        give(recorded(payload, written));
+        const r = await outcome;
+        if (r.exitCode !== 0) this.checkRestore(r, written.join(''));
+        return written.reduce((n, piece) => n + piece.length, 0);
       },
       cancel: () => {
         given = true;
