@@ -145,16 +145,16 @@ interface RuleSpec {
 
 /**
  * Matches in the order iptables-save prints them for rules written in this
- * order. Comments: with iptables-nft a comment is a compatibility match,
- * paid by every packet that reaches it, ~0.5-0.9 us each on a new
- * connection's path (bench:connect, "TCP connect" at 10,000 ports: 1.33x the
- * single DNAT rule with a comment on the DNAT rule, 1.26x without). So no
- * rule on the path of a connection pier serves has one: not the fixed
- * rules, the dispatch rules, a port's marks or its DNAT rules, whose
- * addresses and ports say what they serve (`pier trace` names the
- * Service). The rules that refuse or admit by source (REJECT, the source
- * ranges' accept and drop) name the Service, after every other match, so a
- * packet meets only the comment of the rule it takes.
+ * order. Comments: no rule on the path of a connection pier serves has
+ * one: not the fixed rules, the dispatch rules, a port's marks or its DNAT
+ * rules, whose addresses and ports say what they serve (`pier trace` names
+ * the Service). One per DNAT rule would make the 10,000-port payload a fifth
+ * larger, and so its restore; a connect did not measurably pay for the
+ * comment, a compatibility match with iptables-nft (bench:connect's deepest
+ * port: 1.25 and 1.24 times the single rule either way). The rules
+ * that refuse or admit by source (REJECT, the source ranges' accept and
+ * drop) name the Service, after every other match, so a packet meets only
+ * the comment of the rule it takes.
  */
 function formatRule(r: RuleSpec): string {
   let out = '';

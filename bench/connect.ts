@@ -3,7 +3,8 @@
 // scratch network namespaces (root needed). Prints p50 and p90 per case, the
 // ratios of the issue's targets with PASS/MISS.
 //
-// One path per rule set, each its own three namespaces wired with veth pairs:
+// One path per rule set and port measured, each its own three namespaces
+// wired with veth pairs:
 //
 //   client 198.51.100.101 ── 198.51.100.11 node 198.19.0.1 ── 198.19.0.10 endpoint
 //                           (the frontend; rules here)          (connect-probe serve 8080)
@@ -326,14 +327,23 @@ const sets = ruleSets();
 const paths: Path[] = [];
 try {
   const cases: Case[] = [];
+  // Each port its own path, as each anchor has: connects from one client
+  // through one node to one endpoint leave closed conntrack entries (10 s),
+  // and a later connect to another port that drew the same source port found
+  // its reply tuple (endpoint:8080 to client:sport) taken, so MASQUERADE
+  // searched for another source port: 2,968 of 11,504 connects of three
+  // ports sharing a path, none of a port alone, which measured 0.04–0.06 of
+  // the ratio to one rule.
   for (const set of sets) {
-    const path = await buildPath(binary);
-    paths.push(path);
-    const t0 = performance.now();
-    await set.apply(path.node);
-    row(`${set.label}: applied (${set.size})`, `${(performance.now() - t0).toFixed(0)} ms`);
-    for (const port of set.ports) cases.push({ set, path, kind: 'connect', port, samples: [], runP50: [] });
-    if (set.rtt) cases.push({ set, path, kind: 'rtt', port: set.ports[0]!, samples: [], runP50: [] });
+    for (const [i, port] of set.ports.entries()) {
+      const path = await buildPath(binary);
+      paths.push(path);
+      const t0 = performance.now();
+      await set.apply(path.node);
+      if (i === 0) row(`${set.label}: applied (${set.size})`, `${(performance.now() - t0).toFixed(0)} ms`);
+      cases.push({ set, path, kind: 'connect', port, samples: [], runP50: [] });
+      if (i === 0 && set.rtt) cases.push({ set, path, kind: 'rtt', port, samples: [], runP50: [] });
+    }
   }
   process.stdout.write(`\n${cases.length} cases, ${runs} runs of ${count} each, interleaved in rounds of ${block} per case; iptables ${backend}\n\n`);
 
