@@ -62,6 +62,13 @@ export interface FamilyModel {
   ports: ServedPort[];
 }
 
+/** Served ports that went and came between two sorted lists, each in key order. */
+export interface PortChanges {
+  since: readonly ServedPort[];
+  removed: ServedPort[];
+  added: ServedPort[];
+}
+
 /** The agent's problems always name their Service. */
 export interface Problem extends ReportedProblem {
   service: string;
@@ -311,6 +318,26 @@ export function diffServedPorts(before: readonly ServedPort[], after: readonly S
     }
   }
   return { removed, added };
+}
+
+/** Kept beside the models, which stay plain data equal to buildModel's. */
+const recorded = new WeakMap<FamilyModel, PortChanges>();
+
+/** The engine's record of what it changed to make `model` from the served ports `changes.since`. */
+export function recordPortChanges(model: FamilyModel, changes: PortChanges): FamilyModel {
+  recorded.set(model, changes);
+  return model;
+}
+
+/**
+ * The served ports that went and came from `before` to `after`: the
+ * engine's own record when it made `after` from `before`, so that one change
+ * costs no pass over 10,000 ports (bench:agent, "nftables ... one Service
+ * changed"); else diffServedPorts.
+ */
+export function portChanges(before: readonly ServedPort[], after: FamilyModel): { removed: ServedPort[]; added: ServedPort[] } | undefined {
+  const c = recorded.get(after);
+  return c && c.since === before ? c : diffServedPorts(before, after.ports);
 }
 
 export function servedFamily(served: ServedPort): Family {

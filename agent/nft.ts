@@ -41,7 +41,7 @@
 // backend does. The agent reports such a policy instead.
 import type { Family } from '../lib/contract.ts';
 import { parseCidr } from '../lib/address.ts';
-import { compareText, diffServedPorts, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
+import { compareText, portChanges, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
 
 export const NFT_TABLE = 'pier';
 export const NFT_FAMILY: Record<Family, 'ip' | 'ip6'> = { ipv4: 'ip', ipv6: 'ip6' };
@@ -173,7 +173,7 @@ export class NftRenderer {
     const since = this.version;
     if (model === this.model) return { state: this.state, version: since, since, delta: '' };
     if (model.family !== this.state.family) throw new Error(`an ${this.state.family} renderer was given an ${model.family} model`);
-    const diff = diffServedPorts(this.model?.ports ?? [], model.ports);
+    const diff = portChanges(this.model?.ports ?? [], model);
     if (!diff) throw new Error('a model whose served ports are not sorted by key');
     this.model = model;
     const prepared = this.prepared;

@@ -9,7 +9,7 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildModel, type Model } from '../../agent/model.ts';
+import { buildModel, diffServedPorts, portChanges, type Model } from '../../agent/model.ts';
 import { HeadStart } from '../../agent/headstart.ts';
 import { SyncPipeline } from '../../agent/pipeline.ts';
 import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
@@ -188,6 +188,11 @@ describe('SyncPipeline', () => {
             const r = pipeline.ruleset(model[f]);
             expect(r).toStrictEqual(renderRuleset(pure[f], { marks: MARKS }));
             if (prev) {
+              // The engine's record of a change is what a diff of the two models finds.
+              const changes = portChanges(prev.model[f].ports, model[f])!;
+              const found = diffServedPorts(prev.model[f].ports, model[f].ports)!;
+              expect({ removed: changes.removed, added: changes.added }).toStrictEqual(found);
+              if ('since' in changes) seen.set('recorded', (seen.get('recorded') ?? 0) + 1);
               // What was handed out last time is as it was: the applier
               // compares chains by identity.
               expect(prev.rulesets[f]).toStrictEqual(prev.copies[f]);
@@ -205,7 +210,7 @@ describe('SyncPipeline', () => {
       }),
       { numRuns: 250 },
     );
-    for (const kind of ['replaceService', 'addService', 'deleteService', 'recreateService', 'touchService', 'cloneService', 'replaceSlice', 'addSlice', 'deleteSlice', 'nodeAddresses', 'conflict']) {
+    for (const kind of ['replaceService', 'addService', 'deleteService', 'recreateService', 'touchService', 'cloneService', 'replaceSlice', 'addSlice', 'deleteSlice', 'nodeAddresses', 'conflict', 'recorded']) {
       expect(seen.get(kind) ?? 0, kind).toBeGreaterThan(20);
     }
   });
