@@ -22,7 +22,7 @@
 // a proxy; npm run bench:agent-rss measures the bundled agent for real.
 //
 //   PIER_BENCH_SIZES=100,1000,10000   service ports for the cold syncs
-//   PIER_BENCH_REPEAT=5               repetitions of the small measurements (median)
+//   PIER_BENCH_REPEAT=5               repetitions of the small measurements (median; nftables changes three times as many)
 //   PIER_BENCH_COLD_REPEAT=9          repetitions of cold sync and raw restore (median; the fastest too)
 //   PIER_BENCH_BACKEND=nft|legacy
 //   PIER_BENCH_RSS_PORTS=10000        ports for the memory measurement (0: skip)
@@ -466,7 +466,15 @@ for (const n of sizes) {
         // syncs after them, as the agent runs one every few minutes, not
         // between two changes (a change right after one paid for collecting
         // the 10,000 elements it had read back: 10-12 ms, against 4-6).
-        for (let r = 0; r < repeat; r++) {
+        // And not right after the cold sync: the applier then starts its
+        // `nft -i`, which reads the table before it answers (0.1-0.2 s at
+        // 10,000 ports), and the agent's next change comes seconds later
+        // (the first change waited for it: 167 ms in one run). Three times
+        // as many changes as the iptables loop: the first two after a cold
+        // sync still pay for collecting its garbage (5-8 ms against 2.5-4
+        // at 10,000 ports), and a median of five then fell on a third slow one.
+        await new Promise((resolve) => setTimeout(resolve, 1000));
+        for (let r = 0; r < 3 * repeat; r++) {
           const t = performance.now();
           if ((await nftSync()).mode !== 'noop') throw new Error('expected a no-op nft sync');
           noops.push(ms(t));
