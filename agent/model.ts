@@ -236,7 +236,7 @@ export function buildModel(input: ModelInput): Model {
 
   // Sorted so that nothing depends on the order objects arrive in, not even
   // which of two objects with one name wins.
-  const services = sortServices((input.services ?? []).filter((s) => s && safely(() => isPierService(s, input.config), false)));
+  const services = sortServices((input.services ?? []).filter((s) => s && pierService(s, input.config)));
   const servedPorts: ServedPort[] = [];
   const byFrontend = new Map<number, Claim[]>();
   const problems: Problem[] = [];
@@ -338,6 +338,17 @@ export function recordPortChanges(model: FamilyModel, changes: PortChanges): Fam
 export function portChanges(before: readonly ServedPort[], after: FamilyModel): { removed: ServedPort[]; added: ServedPort[] } | undefined {
   const c = recorded.get(after);
   return c && c.since === before ? c : diffServedPorts(before, after.ports);
+}
+
+/**
+ * isPierService, false for an object it cannot read. A function of its own,
+ * not a closure inside the engine's loop over the Services: a closure in a
+ * loop body makes V8 allocate that body's scope on every pass, even when the
+ * closure is not made (40 bytes per Service and sync, 400 KB at 10,000
+ * Services; bench:agent, "no-op sync").
+ */
+export function pierService(svc: V1Service, config: ModelConfig): boolean {
+  return safely(() => isPierService(svc, config), false);
 }
 
 export function servedFamily(served: ServedPort): Family {

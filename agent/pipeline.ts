@@ -28,7 +28,6 @@
 // caller, which keeps the rules in place.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
-import { safely } from '../lib/objects.ts';
 import {
   compareServedPorts,
   conflictProblems,
@@ -36,7 +35,7 @@ import {
   recordPortChanges,
   type PortChanges,
   dedupeProblems,
-  isPierService,
+  pierService,
   modelContext,
   servedFamily,
   rankClaims,
@@ -539,16 +538,6 @@ class IncrementalModel {
     };
     return { ipv4: family('ipv4'), ipv6: family('ipv6'), problems };
   }
-}
-
-/**
- * Not inline in update()'s loop: a closure in a loop body makes V8 allocate
- * that body's scope on every pass, even when the closure is not made (40
- * bytes per Service and sync, 400 KB at 10,000 Services; bench:agent,
- * "no-op sync").
- */
-function pierService(svc: V1Service, config: ModelConfig): boolean {
-  return safely(() => isPierService(svc, config), false);
 }
 
 /** A set with one slice more; arrays made this sync only, so never one a Live still compares against. */
