@@ -136,6 +136,8 @@ export class Lab {
       await execa('ip', ['link', 'add', this.hostLink, 'type', 'veth', 'peer', 'name', 'host', 'netns', ul]);
       await execa('ip', ['addr', 'add', `${HOST_V4}/24`, 'dev', this.hostLink]);
       await execa('ip', ['-6', 'addr', 'add', `${HOST_V6}/64`, 'dev', this.hostLink, 'nodad']);
+      // Its link-local too, as noDad() does for the lab's namespaces: this one link's own setting, not the machine's.
+      writeFileSync(`/proc/sys/net/ipv6/conf/${this.hostLink}/accept_dad`, '0');
       await execa('ip', ['link', 'set', this.hostLink, 'up']);
       await ip(ul, 'link', 'set', 'host', 'master', 'br0', 'up');
     }
@@ -211,6 +213,7 @@ export class Lab {
     await execa('ip', ['netns', 'add', ns]);
     this.namespaces.push(ns);
     await ip(ns, 'link', 'set', 'lo', 'up');
+    await noDad(ns);
   }
 
   /**
@@ -372,6 +375,18 @@ function ip(ns: string, ...args: string[]) {
 
 function sysctl(ns: string, key: string, value: string) {
   return execa('ip', ['netns', 'exec', ns, 'sysctl', '-q', '-w', `${key}=${value}`]);
+}
+
+/**
+ * No duplicate address detection for the links made in `ns` from now on:
+ * the lab's addresses are unique by construction, and while a node's or a
+ * pod's link-local address was tentative (1-2 s after its link came up) the
+ * first IPv6 connection through that node went unanswered or waited for a
+ * SYN retransmit (10 of 12 labs probed right after creation). The global
+ * addresses already skip it (`nodad`).
+ */
+function noDad(ns: string) {
+  return execa('ip', ['netns', 'exec', ns, 'sysctl', '-q', '-w', 'net.ipv6.conf.all.accept_dad=0', 'net.ipv6.conf.default.accept_dad=0']);
 }
 
 function removeNamespace(ns: string): void {
