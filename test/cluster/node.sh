@@ -5,9 +5,12 @@
 #   node.sh hold CGROUPS NETNS
 #     joins the node's cgroups, enters its network namespace and a new mount
 #     namespace (slave: the machine's mounts show through, the node's never
-#     leak out), gives the node its own /run and /var/log (containerd's shim
-#     sockets, pod network namespaces, /run/xtables.lock, /var/log/pods), then
-#     waits. Every mount goes away with the namespace's last process.
+#     leak out), gives the node its own /run, /var/log and /var/lib
+#     (containerd's shim sockets, pod network namespaces, /run/xtables.lock,
+#     /var/log/pods; the kubelet's device-plugin socket, which no flag moves
+#     and two kubelets raced for, its serving certificate, the CNI result
+#     cache), then waits. Every mount goes away with the namespace's last
+#     process, and with it all that the node wrote there.
 #
 #   node.sh run CGROUPS HOLDER_PID -- COMMAND [ARGS...]
 #     joins the node's cgroups and the holder's network and mount namespaces,
@@ -34,6 +37,7 @@ case "${1:-}" in
   hold-inside)
     mount -t tmpfs -o mode=755 pier-node-run /run
     mount -t tmpfs -o mode=755 pier-node-log /var/log
+    mount -t tmpfs -o mode=755 pier-node-lib /var/lib
     echo ready
     exec sleep infinity
     ;;
