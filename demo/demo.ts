@@ -114,7 +114,7 @@ async function main(): Promise<number> {
 /** Builds Kubernetes and the images when .cache/ lacks them (their progress goes to stderr), and says how long it took. */
 async function build(): Promise<void> {
   const announce = setTimeout(
-    () => say('building Kubernetes (etcd, kube-apiserver, kubectl, kube-controller-manager, kube-scheduler, kubelet, kube-proxy; 20 to 30 minutes on two cores) and the images (pier/agent, pier/controller, pause, echo; 2 to 4 minutes): on the first run, and later only what changed; progress on stderr'),
+    () => say('building Kubernetes (etcd, kube-apiserver, kubectl, kube-controller-manager, kube-scheduler, kubelet, kube-proxy; 6 to 30 minutes on two cores) and the images (pier/agent, pier/controller, pause, echo; 2 to 4 minutes): on the first run, and later only what changed; progress on stderr'),
     3000,
   );
   const took = await ensureBuilt();

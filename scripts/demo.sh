@@ -4,7 +4,7 @@
 # Kubernetes build: etcd, kube-apiserver, kubectl, kube-controller-manager,
 # kube-scheduler, kubelet, kube-proxy), then runs `npm run demo`, which builds
 # the images (pier/agent, pier/controller, pause, echo) with buildah. Both
-# builds happen on the first run only (20 to 30 minutes on two cores, progress
+# builds happen on the first run only (6 to 30 minutes on two cores, progress
 # on stderr); later runs reuse .cache/ and start the cluster in about a minute.
 # Arguments go to the demo (--exit: stop after the requests).
 set -euo pipefail

@@ -60,7 +60,7 @@ build() {
   fi
 }
 
-echo "[cluster] building ${k8s_commands[*]} $k8s_version and etcd $etcd_version into $out (the first build takes 20 to 30 minutes on two cores)" >&2
+echo "[cluster] building ${k8s_commands[*]} $k8s_version and etcd $etcd_version into $out (the first build takes 6 to 30 minutes on two cores)" >&2
 start=$SECONDS
 
 # kube-apiserver reports the version it was stamped with; client libraries and
