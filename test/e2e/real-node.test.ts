@@ -114,6 +114,15 @@ describe('pier on real nodes, deployed as the README says', () => {
     expect(pods.filter(([app]) => app === 'pier-agent').map(([, node, ready]) => `${node} ${ready}`).sort()).toEqual(['n1 true', 'n2 true']);
   });
 
+  it('the nodes keep their kubelets apart: each has a device-plugin socket of its own at the path no flag moves', async () => {
+    // Shared, two kubelets starting at once raced for it ("bind: address
+    // already in use"), and the second's clean-up deleted the first's.
+    const sockets = await Promise.all(
+      cluster.nodes.map(async (n) => (await n.exec('stat', ['-c', '%d:%i', '/var/lib/kubelet/device-plugins/kubelet.sock'])).stdout.trim()),
+    );
+    expect(new Set(sockets).size, sockets.join(' ')).toBe(cluster.nodes.length);
+  });
+
   it('kubectl create deployment + expose --type=LoadBalancer: the node addresses in the status, TCP answered by the pods', async () => {
     await cluster.kubectl(['create', 'deployment', 'echo', `--image=${cluster.images.names.echo}`, '--replicas=2', '--port=8080']);
     await cluster.kubectl(['rollout', 'status', 'deployment/echo', '--timeout=120s']);
