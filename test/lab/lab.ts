@@ -149,8 +149,7 @@ export class Lab {
       const net = podNet(i);
       const node: LabNode = { name, ns, index: i, ...nodeAddr(i), podCidrV4: net.v4, podCidrV6: net.v6, pods: [] };
       await this.addHost(ns, name, node.v4, node.v6);
-      await sysctl(ns, 'net.ipv4.ip_forward', '1');
-      await sysctl(ns, 'net.ipv6.conf.all.forwarding', '1');
+      await sysctl(ns, { 'net.ipv4.ip_forward': '1', 'net.ipv6.conf.all.forwarding': '1' });
       this.nodes.push(node);
       if (spec.podBridges === false) {
         if (podCount > 0) throw new Error('a lab without pod bridges has no lab pods');
@@ -373,8 +372,8 @@ function ip(ns: string, ...args: string[]) {
   return execa('ip', ['-n', ns, ...args]);
 }
 
-function sysctl(ns: string, key: string, value: string) {
-  return execa('ip', ['netns', 'exec', ns, 'sysctl', '-q', '-w', `${key}=${value}`]);
+function sysctl(ns: string, settings: Record<string, string>) {
+  return execa('ip', ['netns', 'exec', ns, 'sysctl', '-q', '-w', ...Object.entries(settings).map(([key, value]) => `${key}=${value}`)]);
 }
 
 /**
@@ -386,7 +385,7 @@ function sysctl(ns: string, key: string, value: string) {
  * addresses already skip it (`nodad`).
  */
 function noDad(ns: string) {
-  return execa('ip', ['netns', 'exec', ns, 'sysctl', '-q', '-w', 'net.ipv6.conf.all.accept_dad=0', 'net.ipv6.conf.default.accept_dad=0']);
+  return sysctl(ns, { 'net.ipv6.conf.all.accept_dad': '0', 'net.ipv6.conf.default.accept_dad': '0' });
 }
 
 function removeNamespace(ns: string): void {
