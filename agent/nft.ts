@@ -20,7 +20,8 @@
 //   chain pick-<i>    DNAT through map endpoints-<i>: frontend : its i-th endpoint
 //                     (a map per index, not one keyed by frontend . index:
 //                     nft 1.0 cannot read back the typeof such a key needs)
-//   set no-endpoints  frontends without a usable endpoint: rejected (input, output)
+//   set no-endpoints  frontends without a usable endpoint: rejected (input, output;
+//                     TCP with a reset)
 //   set restricted    frontends with source ranges; set allowed: frontend . range
 //   chains on hooks   filter prerouting and output at -110 (before DNAT, so the
 //                     packet still shows the frontend: source ranges hold for
@@ -49,8 +50,8 @@ export const NFT_FAMILY: Record<Family, 'ip' | 'ip6'> = { ipv4: 'ip', ipv6: 'ip6
 /** The chains on hooks, with how many rules each holds. */
 export const FIXED_RULES = {
   'filter-prerouting': 1,
-  'filter-input': 1,
-  'filter-output': 2,
+  'filter-input': 2,
+  'filter-output': 3,
   'nat-prerouting': 1,
   'nat-output': 1,
   'nat-postrouting': 1,
@@ -344,7 +345,11 @@ function skeleton(family: Family, masqueradeBit: number): string {
   const key = `${addr} . inet_proto . inet_service`;
   const frontend = `${ip} daddr . meta l4proto . th dport`;
   const sources = `${frontend} @restricted ${frontend} . ${ip} saddr != @allowed drop`;
-  const reject = `ct state new ${frontend} @no-endpoints reject`;
+  // TCP is reset, as in the iptables backend (render.ts, TCP_RESET: ICMP
+  // errors are rate-limited per client); nft adds the rule's `meta l4proto
+  // tcp` itself and leaves it out when it lists the rule.
+  const noEndpoints = `ct state new ${frontend} @no-endpoints`;
+  const reject = `${noEndpoints} reject with tcp reset; ${noEndpoints} reject`;
   return [
     `\tmap services { type ${key} : verdict; }`,
     `\tset hairpin { type ${key} . ${addr}; }`,

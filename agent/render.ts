@@ -247,7 +247,8 @@ interface FamilyText {
   ctNet: (cidr: string) => string;
   /** The DNAT target to an endpoint. */
   dnat: (e: Endpoint) => string;
-  rejectTarget: string;
+  /** The REJECT target of a port without endpoints, UDP and SCTP (TCP gets TCP_RESET). */
+  unreachable: string;
 }
 
 const FAMILY_TEXT: Record<Family, FamilyText> = {
@@ -255,15 +256,23 @@ const FAMILY_TEXT: Record<Family, FamilyText> = {
     host: (a) => [a, '/32'].join(''),
     ctNet: (c) => (c.endsWith('/32') ? c.slice(0, -3) : c),
     dnat: (e) => ['DNAT --to-destination ', e.address, ':', e.port].join(''),
-    rejectTarget: 'REJECT --reject-with icmp-port-unreachable',
+    unreachable: 'REJECT --reject-with icmp-port-unreachable',
   },
   ipv6: {
     host: (a) => [a, '/128'].join(''),
     ctNet: (c) => (c.endsWith('/128') ? c.slice(0, -4) : c),
     dnat: (e) => ['DNAT --to-destination [', e.address, ']:', e.port].join(''),
-    rejectTarget: 'REJECT --reject-with icmp6-port-unreachable',
+    unreachable: 'REJECT --reject-with icmp6-port-unreachable',
   },
 };
+
+/**
+ * A TCP port without endpoints answers with a reset, as a closed port does:
+ * the kernel sends ICMP errors to a client in a burst of 6, then one a second
+ * (net.ipv4.icmp_ratelimit, net.ipv6.icmp.ratelimit), so a client retrying
+ * an ICMP-refused port sees its 7th SYN go unanswered for a second.
+ */
+const TCP_RESET = 'REJECT --reject-with tcp-reset';
 
 /** The CONNMARK targets a port's nat rules take, per pair of mark bits. */
 interface MarkTargets {
@@ -350,7 +359,9 @@ export function servedRules(served: ServedPort, family: Family, marks: MarkBits)
   const proto = PROTO[served.protocol].name;
   const endpoints = sortedEndpoints(served.endpoints);
   const own: ServedRules['own'] = [];
-  if (endpoints.length === 0) return { trees: { noEndpoints: [portRule(comment, text.rejectTarget)] }, own };
+  if (endpoints.length === 0) {
+    return { trees: { noEndpoints: [portRule(comment, served.protocol === 'TCP' ? TCP_RESET : text.unreachable)] }, own };
+  }
 
   // nat: mark the connection as accepted when any source may use the port,
   // and for masquerade when it must be; then DNAT, spread when several.

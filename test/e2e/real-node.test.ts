@@ -284,16 +284,20 @@ describe('pier on real nodes, deployed as the README says', () => {
 
   it('scale to 0: refused at once on every node; scale up again: answered', async () => {
     await cluster.kubectl(['scale', 'deployment/echo', '--replicas=0']);
-    await eventually('the echo pods to be gone', async () => (await podNames('app=echo')).length === 0, { timeoutMs: 60_000, intervalMs: 250 });
-    for (const node of cluster.lab.nodes) {
-      const results = await eventually(`${node.v4}:80 to refuse`, async () => {
-        const r = await probe(node.v4, 80, { count: 3, timeoutMs: 2000 });
-        return r.every((x) => x.error === 'ECONNREFUSED') ? r : undefined;
-      }, { timeoutMs: 10_000, intervalMs: 250 });
-      // REJECTed, not left to time out.
-      for (const r of results) expect(r.ms).toBeLessThan(1000);
+    try {
+      await eventually('the echo pods to be gone', async () => (await podNames('app=echo')).length === 0, { timeoutMs: 60_000, intervalMs: 250 });
+      for (const node of cluster.lab.nodes) {
+        const results = await eventually(`${node.v4}:80 to refuse`, async () => {
+          const r = await probe(node.v4, 80, { count: 3, timeoutMs: 2000 });
+          return r.every((x) => x.error === 'ECONNREFUSED') ? r : undefined;
+        }, { timeoutMs: 10_000, intervalMs: 250 });
+        // REJECTed, not left to time out.
+        for (const r of results) expect(r.ms).toBeLessThan(1000);
+      }
+    } finally {
+      // The later tests need the pods back, whatever happened here.
+      await cluster.kubectl(['scale', 'deployment/echo', '--replicas=2']);
     }
-    await cluster.kubectl(['scale', 'deployment/echo', '--replicas=2']);
     await cluster.kubectl(['rollout', 'status', 'deployment/echo', '--timeout=120s']);
     for (const node of cluster.lab.nodes) {
       await eventually(`${node.v4}:80 to answer again`, async () => (await probe(node.v4, 80, { count: 3, timeoutMs: 1000 })).every((x) => x.ok), { timeoutMs: 20_000, intervalMs: 250 });

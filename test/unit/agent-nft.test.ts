@@ -170,7 +170,7 @@ describe('nftDrift', () => {
           { map: { name: 'endpoints-0', elem: [[{ concat: ['192.0.2.11', 'tcp', 80] }, { concat: ['198.18.0.1', 8080] }]] } },
           ...['hairpin', 'no-endpoints', 'restricted'].map((name) => ({ set: { name } })),
           { set: { name: 'allowed', elem: [{ concat: ['192.0.2.11', 'tcp', 80, { prefix: { addr: '203.0.113.0', len: 24 } }] }] } },
-          ...chain('filter-prerouting', 1), ...chain('filter-input', 1), ...chain('filter-output', 2),
+          ...chain('filter-prerouting', 1), ...chain('filter-input', 2), ...chain('filter-output', 3),
           ...chain('nat-prerouting', 1), ...chain('nat-output', 1), ...chain('nat-postrouting', 1), ...chain('spread-1', 2), ...chain('pick-0', 1),
         ],
       });

@@ -237,12 +237,18 @@ describe('renderRuleset examples', () => {
     checkBehaviour({ family: 'ipv4', ports: [p] }, r);
   });
 
-  it('rejects frontends without endpoints in the filter table only', () => {
-    const p = served({ key: 'ipv4/shop/web/http/UDP', protocol: 'UDP', endpoints: [] });
-    const r = render({ family: 'ipv4', ports: [p] });
+  it('rejects frontends without endpoints in the filter table only: TCP with a reset, the others with ICMP', () => {
+    const udp = served({ key: 'ipv4/shop/web/http/UDP', protocol: 'UDP', endpoints: [] });
+    const tcp = served({ key: 'ipv4/shop/web/http/TCP', protocol: 'TCP', frontends: [{ address: '192.0.2.11', port: 81 }], endpoints: [] });
+    const r = render({ family: 'ipv4', ports: [udp, tcp] });
     expect(r.tables.nat.chains.get('PIER-SERVICES')).toEqual([]);
     expect(r.tables.filter.chains.get('PIER-NOENDPOINTS')).toEqual([
+      '-d 192.0.2.11/32 -p tcp -m tcp --dport 81 -m comment --comment "shop/web:p" -j REJECT --reject-with tcp-reset',
       '-d 192.0.2.11/32 -p udp -m udp --dport 80 -m comment --comment "shop/web:p" -j REJECT --reject-with icmp-port-unreachable',
+    ]);
+    const v6 = served({ key: 'ipv6/shop/web/http/UDP', protocol: 'UDP', frontends: [{ address: '2001:db8::11', port: 80 }], endpoints: [] });
+    expect(render({ family: 'ipv6', ports: [v6] }).tables.filter.chains.get('PIER-NOENDPOINTS')).toEqual([
+      '-d 2001:db8::11/128 -p udp -m udp --dport 80 -m comment --comment "shop/web:p" -j REJECT --reject-with icmp6-port-unreachable',
     ]);
   });
 

@@ -192,7 +192,7 @@ describe('trace', () => {
     expect(v.outcome).toBe('rejected');
     expect(v.endpoints).toEqual([]);
     expect(lastHop(v.hops)).toMatchObject({ table: 'filter', chain: 'PIER-NOENDPOINTS' });
-    expect(lastHop(v.hops).rule).toContain('-j REJECT --reject-with icmp-port-unreachable');
+    expect(lastHop(v.hops).rule).toContain('-j REJECT --reject-with tcp-reset');
     expect(v.reason).toContain('shop/empty:http has no usable endpoint');
     // From the node, the same REJECT in OUTPUT.
     expect(lastHop(trace(world, tcp(N1.v4, N1.v4, 84)).hops).chain).toBe('PIER-NOENDPOINTS');
