@@ -16,7 +16,7 @@
 //    which survives while the Service has no ingress). A remembered port is
 //    kept while it is valid; ports are drawn only for what holds nothing, so
 //    that feeding this function its own output returns the same output.
-import type { V1EndpointSlice, V1Lease, V1Node, V1Service, V1ServicePort } from '@kubernetes/client-node';
+import type { V1EndpointConditions, V1EndpointSlice, V1Lease, V1Node, V1Service, V1ServicePort } from '@kubernetes/client-node';
 import { compareText, parseAddress, type ParsedAddress as Address } from '../lib/address.ts';
 
 import {
@@ -88,6 +88,7 @@ export const REASONS = {
   noPorts: 'NoPorts',
   tooManyPorts: 'TooManyPorts',
   noEligibleNodes: 'NoEligibleNodes',
+  noEndpoints: 'NoEndpoints',
   addressUnavailable: 'AddressUnavailable',
   portConflict: 'PortConflict',
   portReserved: 'PortReserved',
@@ -260,8 +261,8 @@ function readNode(node: V1Node, leases: Map<string, V1Lease[]>, isFresh: (l: V1L
 }
 
 
-/** Per Service key and family: the nodes with a ready endpoint. */
-function readyNodes(slices: V1EndpointSlice[]): Map<string, Record<Family, Set<string>>> {
+/** Per Service key and family: the nodes with a serving endpoint. */
+function servingNodes(slices: V1EndpointSlice[]): Map<string, Record<Family, Set<string>>> {
   const out = new Map<string, Record<Family, Set<string>>>();
   for (const slice of slices ?? []) {
     safely(() => {
@@ -272,11 +273,21 @@ function readyNodes(slices: V1EndpointSlice[]): Map<string, Record<Family, Set<s
       let entry = out.get(key);
       if (!entry) out.set(key, (entry = { ipv4: new Set(), ipv6: new Set() }));
       for (const ep of slice.endpoints ?? []) {
-        if (typeof ep?.nodeName === 'string' && ep.conditions?.ready !== false) entry[family].add(ep.nodeName);
+        if (typeof ep?.nodeName === 'string' && isServing(ep.conditions)) entry[family].add(ep.nodeName);
       }
     }, undefined);
   }
   return out;
+}
+
+/**
+ * Ready (nil is ready, per the API), or terminating and still serving: a node
+ * whose last pod drains uses that one, as kube-proxy (KEP-1669) and the agent
+ * do, so a rolling update must not take its address away. Without `serving`,
+ * `ready` is all there is.
+ */
+function isServing(c: V1EndpointConditions | undefined): boolean {
+  return c?.ready !== false || c.serving === true;
 }
 
 /** NodePorts (and health-check NodePorts) of every Service, pier's or not: kube-proxy listens on them on every node. */
@@ -342,6 +353,8 @@ interface ServiceRequest {
   // Filled in as allocation proceeds.
   addresses: Address[];
   addressCauses: Problem[];
+  /** Families whose addresses no node backs with a serving endpoint (Local): the agents refuse there. */
+  noEndpoints: Family[];
   external: (number | undefined)[];
   /** Per spec index: why that port is served on none of the addresses. */
   portErrors: Map<number, PortError>;
@@ -417,6 +430,7 @@ function readService(svc: V1Service, config: AllocatorConfig): Omit<ServiceReque
     ...(blocked ? { blocked } : {}),
     addresses: [],
     addressCauses: [],
+    noEndpoints: [],
     external: [],
     portErrors: new Map(),
     conflicts: new Map(),
@@ -470,7 +484,26 @@ function mappingKey(sp: SpecPort): string {
 const EXCLUSIONS = ['pool', 'notReady', 'excluded', 'noAgent', 'agentStale', 'notForwarding', 'noAddress', 'noEndpoint'] as const;
 export type Exclusion = (typeof EXCLUSIONS)[number];
 
-function exclusion(node: NodeView, request: Pick<ServiceRequest, 'pool' | 'local'>, family: Family, ready: Record<Family, Set<string>> | undefined): Exclusion | undefined {
+/** Per family, the only nodes that may serve a Service: set for Local Services (localNodes). */
+type Only = Partial<Record<Family, Set<string>>>;
+
+/**
+ * For a Local Service, per family, the nodes with a serving endpoint of it.
+ * None where no node that could serve it has one (no pod yet, scaled to 0,
+ * its pods' nodes not Ready or without an agent): the Service then gets the
+ * addresses Cluster policy would, and the agents refuse connections there,
+ * so that it neither shows <pending> nor moves when it scales from 0 to 1.
+ */
+function localNodes(request: Pick<ServiceRequest, 'pool' | 'local'>, nodes: NodeView[], serving: Record<Family, Set<string>> | undefined): Only {
+  const only: Only = {};
+  if (!request.local || !serving) return only;
+  for (const family of ['ipv4', 'ipv6'] as const) {
+    if (nodes.some((n) => serving[family].has(n.name) && exclusion(n, request, family, {}) === undefined)) only[family] = serving[family];
+  }
+  return only;
+}
+
+function exclusion(node: NodeView, request: Pick<ServiceRequest, 'pool'>, family: Family, only: Only): Exclusion | undefined {
   if (node.pool !== request.pool) return 'pool';
   if (!node.ready) return 'notReady';
   if (node.excluded) return 'excluded';
@@ -478,7 +511,7 @@ function exclusion(node: NodeView, request: Pick<ServiceRequest, 'pool' | 'local
   if (node.agent === 'stale') return 'agentStale';
   if (!node.forwarding[family]) return 'notForwarding';
   if (!node.chosen[family]) return 'noAddress';
-  if (request.local && !ready?.[family].has(node.name)) return 'noEndpoint';
+  if (only[family] && !only[family].has(node.name)) return 'noEndpoint';
   return undefined;
 }
 
@@ -501,7 +534,7 @@ function describeExclusion(why: Exclusion, family: Family, request: ServiceReque
     case 'noAddress':
       return `without an ${f} address`;
     case 'noEndpoint':
-      return 'without a ready endpoint of the Service (externalTrafficPolicy: Local)';
+      return 'without a serving endpoint of the Service (externalTrafficPolicy: Local)';
   }
 }
 
@@ -523,16 +556,17 @@ function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pi
     case 'noAddress':
       return `it has no ${FAMILY_NAME[family]} address`;
     case 'noEndpoint':
-      return 'it has no ready endpoint of the Service (externalTrafficPolicy: Local)';
+      return 'it has no serving endpoint of the Service (externalTrafficPolicy: Local)';
   }
 }
 
-function chooseAddresses(request: ServiceRequest, nodes: NodeView[], ready: Record<Family, Set<string>> | undefined): void {
+function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Record<Family, Set<string>> | undefined): void {
+  const only = localNodes(request, nodes, serving);
   const eligible: Record<Family, NodeView[]> = { ipv4: [], ipv6: [] };
   const tally: Record<Family, Map<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
   for (const family of request.families) {
     for (const node of nodes) {
-      const why = exclusion(node, request, family, ready);
+      const why = exclusion(node, request, family, only);
       if (why) tally[family].set(why, (tally[family].get(why) ?? 0) + 1);
       else eligible[family].push(node);
     }
@@ -561,7 +595,7 @@ function chooseAddresses(request: ServiceRequest, nodes: NodeView[], ready: Reco
         const owners = nodes.filter((n) => n.all[addr.family].has(addr.text));
         const why = owners.length === 0
           ? 'no node has this address'
-          : owners.map((n) => `node ${n.name} has it, but ${explainNode(n, exclusion(n, request, addr.family, ready)!, addr.family, request)}`).join('; ');
+          : owners.map((n) => `node ${n.name} has it, but ${explainNode(n, exclusion(n, request, addr.family, only)!, addr.family, request)}`).join('; ');
         request.addressCauses.push({ reason: REASONS.addressUnavailable, message: `spec.loadBalancerIP ${addr.text} cannot be served: ${why}` });
       }
     }
@@ -578,6 +612,16 @@ function chooseAddresses(request: ServiceRequest, nodes: NodeView[], ready: Reco
   }
   // Families in ipFamilies order, numeric within a family.
   request.addresses = [...chosen.values()].sort((a, b) => request.families.indexOf(a.family) - request.families.indexOf(b.family) || compareAddresses(a, b));
+
+  if (!request.local) return;
+  request.noEndpoints = request.families.filter((f) => !only[f] && request.addresses.some((a) => a.family === f));
+  if (request.noEndpoints.length === 0) return;
+  // No addresses in it, so that nodes coming and going do not make it a new problem (and Event).
+  const which = request.noEndpoints.length === request.families.length ? '' : `${request.noEndpoints.map((f) => FAMILY_NAME[f]).join(' and ')} `;
+  request.addressCauses.push({
+    reason: REASONS.noEndpoints,
+    message: `no node that can serve pool ${JSON.stringify(request.pool)} has a serving ${which}endpoint of the Service (externalTrafficPolicy: Local), so ${which}connections to it are refused until one has`,
+  });
 }
 
 /** One node in one family of a Service, as allocate() judges it. */
@@ -597,16 +641,17 @@ export interface NodeJudgement {
  */
 export function judgeNodes(input: AllocateInput): Map<string, NodeJudgement[]> {
   const nodes = readNodes(input);
-  const ready = readyNodes(input.slices);
+  const serving = servingNodes(input.slices);
   const out = new Map<string, NodeJudgement[]>();
   for (const svc of uniqueBy(input.services ?? [], serviceKey)) {
     if (!safely(() => isPierService(svc, input.config), false)) continue;
     const request = safely(() => readService(svc, input.config), undefined);
     if (!request) continue;
+    const only = localNodes(request, nodes, serving.get(request.key));
     const judged: NodeJudgement[] = [];
     for (const family of request.families) {
       for (const node of nodes) {
-        const kind = exclusion(node, request, family, ready.get(request.key));
+        const kind = exclusion(node, request, family, only);
         const j: NodeJudgement = { node: node.name, family, addresses: [...node.all[family]] };
         if (kind) j.excluded = { kind, why: explainNode(node, kind, family, request) };
         judged.push(j);
@@ -757,7 +802,9 @@ function result(request: ServiceRequest): ServiceAllocation {
   if (request.blocked) {
     return { ingress: [], condition: { status: 'False', ...request.blocked }, problems: dedupe([...request.warnings, request.blocked]) };
   }
+  // Ports without an error where no endpoint backs them are refused, not served; they carry no error, or agents would not refuse them.
   let served = 0;
+  let refused = 0;
   const errorAt = (sp: SpecPort, addr: string) => request.portErrors.get(sp.index) ?? request.conflicts.get(sp.index)?.get(addr);
   const ingress: IngressAssignment[] = request.addresses.map((addr) => ({
     ip: addr.text,
@@ -766,6 +813,7 @@ function result(request: ServiceRequest): ServiceAllocation {
       const err = errorAt(sp, addr.text);
       const out: PortAssignment = { port: request.external[sp.index] ?? sp.port, protocol: sp.protocol };
       if (err) out.error = err.reason;
+      else if (request.noEndpoints.includes(addr.family)) refused++;
       else served++;
       return out;
     }),
@@ -798,9 +846,11 @@ function result(request: ServiceRequest): ServiceAllocation {
     const ports = request.ports.map((sp) => (request.allocateMode ? `${request.external[sp.index]}/${sp.protocol} -> ${sp.port}` : `${sp.port}/${sp.protocol}`));
     condition = { status: 'True', reason: REASONS.serving, message: clip(`served on ${list(ingress.map((i) => i.ip))}, ${plural(ports.length, 'port')} ${list(ports)}`) };
   } else {
-    // When nothing is served, the first cause is why: addresses before ports.
-    const reason = served > 0 ? REASONS.partiallyServed : ingress.length === 0 ? causes[0]!.reason : (portCauses[0] ?? causes[0]!).reason;
-    const prefix = served > 0 ? `served on ${list(ingress.map((i) => i.ip))} except: ` : '';
+    // When nothing is served, the first cause is why: addresses before ports;
+    // missing endpoints only when a port would be served but for them.
+    const reason = served > 0 ? REASONS.partiallyServed : refused > 0 ? REASONS.noEndpoints : ingress.length === 0 ? causes[0]!.reason : (portCauses[0] ?? causes[0]!).reason;
+    const backed = request.addresses.filter((a) => !request.noEndpoints.includes(a.family)).map((a) => a.text);
+    const prefix = served > 0 ? `served on ${list(backed)} except: ` : '';
     condition = { status: 'False', reason, message: clip(prefix + causes.map((c) => c.message).join('; ')) };
   }
 
@@ -825,7 +875,7 @@ export function allocate(input: AllocateInput): Allocation {
   // a guess, the smallest serialisation is at least independent of order.
   const services = uniqueBy(input.services ?? [], serviceKey);
   const nodes = readNodes(input);
-  const ready = readyNodes(input.slices);
+  const serving = servingNodes(input.slices);
   const nodePorts = readNodePorts(services);
 
   const invalid = new Map<string, ServiceAllocation>();
@@ -843,7 +893,7 @@ export function allocate(input: AllocateInput): Allocation {
     .sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : compareText(a.key, b.key)))
     .map((p, rank) => ({ ...p, rank }));
 
-  for (const request of requests) if (!request.blocked) chooseAddresses(request, nodes, ready.get(request.key));
+  for (const request of requests) if (!request.blocked) chooseAddresses(request, nodes, serving.get(request.key));
   assignExternalPorts(requests, nodePorts, config);
   resolveClaims(requests, nodePorts, config);
 

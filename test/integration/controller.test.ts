@@ -238,7 +238,7 @@ describe('pier controller against a real API server', () => {
     await eventually('port 8081 in the status', async () => (await read('web')).status?.loadBalancer?.ingress?.[0]?.ports?.[0]?.port === 8081);
     await eventually('an AssignmentChanged Event', async () => (await eventsFor('web')).find((e) => e.reason === 'AssignmentChanged'));
 
-    // externalTrafficPolicy Local: only nodes with a ready endpoint.
+    // externalTrafficPolicy Local: only nodes with a serving endpoint (every eligible node, refusing, until one has).
     await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'local', [{ name: 'http', port: 8090 }], { externalTrafficPolicy: 'Local' }) });
     await discovery.createNamespacedEndpointSlice({
       namespace: NS,

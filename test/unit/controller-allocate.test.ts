@@ -10,11 +10,13 @@ import {
   PORT_MAPPING_ANNOTATION,
   allocate,
   defaultAllocatorConfig,
+  judgeNodes,
   type AllocateInput,
   type Allocation,
   type AllocatorConfig,
   type ServiceAllocation,
 } from '../../controller/allocate.ts';
+import { hasWrites, newProblems, problemKey, serviceWork } from '../../controller/writes.ts';
 import { LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, PORT_MODE, POOL } from '../../lib/contract.ts';
 
 const CLASS = 'pier.dev/lb';
@@ -66,6 +68,15 @@ interface PortSpec {
   name?: string;
 }
 
+interface Endpoint {
+  node: string;
+  v6: boolean;
+  ready: boolean | undefined;
+  /** Absent unless set, as from an EndpointSlice controller older than 1.22. */
+  serving?: boolean;
+  terminating?: boolean;
+}
+
 interface ServiceSpec {
   namespace: string;
   name: string;
@@ -78,7 +89,7 @@ interface ServiceSpec {
   mode: string | undefined;
   lbIP: string | undefined;
   created: number;
-  endpoints: { node: string; v6: boolean; ready: boolean | undefined }[];
+  endpoints: Endpoint[];
   /** Whatever a previous controller (or a person) left in the status. */
   status: { ip: string; ports: { port: number; protocol: string; error?: string }[] }[];
 }
@@ -107,9 +118,17 @@ function sliceObjects(s: ServiceSpec): V1EndpointSlice[] {
     metadata: { namespace: s.namespace, name: `${s.name}-${addressType.toLowerCase()}`, labels: { 'kubernetes.io/service-name': s.name } },
     endpoints: s.endpoints
       .filter((e) => e.v6 === (addressType === 'IPv6'))
-      .map((e, i) => ({ addresses: [e.v6 ? `2001:db8:99::${i + 1}` : `203.0.113.${i + 1}`], nodeName: e.node, conditions: e.ready === undefined ? {} : { ready: e.ready } })),
+      .map((e, i) => ({ addresses: [e.v6 ? `2001:db8:99::${i + 1}` : `203.0.113.${i + 1}`], nodeName: e.node, conditions: conditionsOf(e) })),
     ports: s.ports.map((p, i) => ({ name: p.name ?? `p${i}`, port: p.port, protocol: p.protocol })),
   }));
+}
+
+function conditionsOf(e: Endpoint): { ready?: boolean; serving?: boolean; terminating?: boolean } {
+  return {
+    ...(e.ready !== undefined ? { ready: e.ready } : {}),
+    ...(e.serving !== undefined ? { serving: e.serving } : {}),
+    ...(e.terminating !== undefined ? { terminating: e.terminating } : {}),
+  };
 }
 
 interface World {
@@ -222,7 +241,22 @@ const serviceArb: fc.Arbitrary<ServiceSpec> = fc.record({
   mode: fc.constantFrom(undefined, undefined, 'service', 'allocate', 'allocate', 'Allocate!'),
   lbIP: maybe(fc.constantFrom('192.0.2.1', '192.0.2.2', '192.0.2.3', '198.51.100.1', '2001:db8::1', '2001:db8:0::2', '203.0.113.99', 'not-an-ip'), 10),
   created: fc.integer({ min: 0, max: 4 }),
-  endpoints: fc.array(fc.record({ node: fc.constantFrom(...NODE_NAMES, 'gone'), v6: fc.boolean(), ready: fc.constantFrom(true, true, false, undefined) }), { maxLength: 6 }),
+  endpoints: fc.array(
+    fc.record({
+      node: fc.constantFrom(...NODE_NAMES, 'gone'),
+      v6: fc.boolean(),
+      // Ready, not ready, nil, and a terminating pod that still serves or no longer does.
+      conditions: fc.constantFrom<Omit<Endpoint, 'node' | 'v6'>[]>(
+        { ready: true },
+        { ready: true, serving: true, terminating: false },
+        { ready: false },
+        { ready: undefined },
+        { ready: false, serving: true, terminating: true },
+        { ready: false, serving: false, terminating: true },
+      ),
+    }).map(({ conditions, ...e }): Endpoint => ({ ...e, ...conditions })),
+    { maxLength: 6 },
+  ),
   status: statusArb,
 });
 
@@ -280,11 +314,31 @@ function familiesOf(s: ServiceSpec): Fam[] {
   return (s.families ?? ['IPv4']).map((f) => (f === 'IPv6' ? 'ipv6' : 'ipv4'));
 }
 
-function eligible(n: NodeSpec, s: ServiceSpec, family: Fam, config: AllocatorConfig): boolean {
-  const pool = n.pool || config.defaultPool;
-  const want = s.pool || config.defaultPool;
-  if (pool !== want || !n.ready || n.excluded || n.lease !== 'fresh' || !n.forward[family]) return false;
-  if (s.local && !s.endpoints.some((e) => e.node === n.name && e.v6 === (family === 'ipv6') && e.ready !== false)) return false;
+const inPool = (n: NodeSpec, s: ServiceSpec, config: AllocatorConfig) => (n.pool || config.defaultPool) === (s.pool || config.defaultPool);
+
+/** Ready (nil too), or serving while terminating; `serving` absent says nothing more than `ready`. */
+function hasServingEndpoint(s: ServiceSpec, node: string, family: Fam): boolean {
+  return s.endpoints.some((e) => e.node === node && e.v6 === (family === 'ipv6') && (e.ready !== false || e.serving === true));
+}
+
+/**
+ * A Local Service's family that no otherwise eligible node backs with a serving
+ * endpoint: endpoints on nodes that cannot serve (another pool, not Ready,
+ * excluded, no fresh agent, not forwarding, no address) count for nothing.
+ * Every otherwise eligible node then gets it, and refuses.
+ */
+function noServingNode(w: World, s: ServiceSpec, family: Fam): boolean {
+  return s.local && !w.nodes.some((n) => eligibleAsCluster(n, s, family, w.config) && hasServingEndpoint(s, n.name, family));
+}
+
+/** Eligible but for endpoints, as a Cluster Service would be: in the pool, Ready, not excluded, a fresh agent forwarding the family, an address of it. */
+function eligibleAsCluster(n: NodeSpec, s: ServiceSpec, family: Fam, config: AllocatorConfig): boolean {
+  return inPool(n, s, config) && n.ready && !n.excluded && n.lease === 'fresh' && n.forward[family] && chosenAddress(n, family) !== undefined;
+}
+
+function eligible(w: World, n: NodeSpec, s: ServiceSpec, family: Fam): boolean {
+  if (!eligibleAsCluster(n, s, family, w.config)) return false;
+  if (s.local && !noServingNode(w, s, family) && !hasServingEndpoint(s, n.name, family)) return false;
   return true;
 }
 
@@ -304,7 +358,7 @@ function expectedAddresses(w: World, s: ServiceSpec): Set<string> {
   for (const family of familiesOf(s)) {
     for (const n of w.nodes) {
       const a = chosenAddress(n, family);
-      if (a && eligible(n, s, family, w.config)) out.add(a);
+      if (a && eligible(w, n, s, family)) out.add(a);
     }
   }
   return out;
@@ -395,7 +449,9 @@ describe('allocate: properties over generated clusters', () => {
             expect(ing.ipMode).toBe('Proxy');
             expect(ing.ports.map((p) => p.protocol)).toEqual(spec.ports.map((p) => p.protocol));
           }
-          const allServed = svc.ingress.length > 0 && svc.ingress.every((i) => i.ports.length > 0 && i.ports.every((p) => !p.error));
+          // An address no endpoint backs is refused there, whatever its ports say.
+          const refused = svc.ingress.some((i) => noServingNode(w, spec, famOf(i.ip)));
+          const allServed = !refused && svc.ingress.length > 0 && svc.ingress.every((i) => i.ports.length > 0 && i.ports.every((p) => !p.error));
           // An asked-for address narrows the families; otherwise each family must be served somewhere.
           const everyFamily = spec.lbIP !== undefined || familiesOf(spec).every((f) => svc.ingress.some((i) => famOf(i.ip) === f));
           expect(svc.condition.status === 'True').toBe(allServed && everyFamily);
@@ -407,7 +463,7 @@ describe('allocate: properties over generated clusters', () => {
     );
   });
 
-  it('advertises exactly the eligible nodes: Ready, not excluded, fresh agent forwarding the family, in the pool, and with a local endpoint under Local', () => {
+  it('advertises exactly the eligible nodes: Ready, not excluded, fresh agent forwarding the family, in the pool, and under Local with a serving endpoint unless no otherwise eligible node has one', () => {
     fc.assert(
       fc.property(worldArb, (w) => {
         const a = allocate(input(w));
@@ -421,10 +477,70 @@ describe('allocate: properties over generated clusters', () => {
           } else {
             // Asked-for addresses: only those an eligible node has (any of its addresses).
             const servable = s.lbIP !== 'not-an-ip' && familiesOf(s).includes(famOf(s.lbIP)) &&
-              w.nodes.some((n) => eligible(n, s, famOf(s.lbIP!), w.config) && n.addresses.some((x) => canonical(x.address) === canonical(s.lbIP!)));
+              w.nodes.some((n) => eligible(w, n, s, famOf(s.lbIP!)) && n.addresses.some((x) => canonical(x.address) === canonical(s.lbIP!)));
             expect([...got]).toEqual(servable ? [canonical(s.lbIP)] : []);
             if (!servable) expect(svc.condition).toMatchObject({ status: 'False', reason: 'AddressUnavailable' });
           }
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('gives a Local Service exactly the otherwise eligible nodes with a serving endpoint when any has one, else every otherwise eligible node, refusing', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const a = allocate(input(w));
+        for (const s of w.services) {
+          const svc = a.services.get(key(s));
+          if (!svc || !s.local || s.lbIP !== undefined || s.ports.length === 0) continue;
+          const refusing: Fam[] = [];
+          for (const family of familiesOf(s)) {
+            const got = new Set(svc.ingress.map((i) => i.ip).filter((ip) => famOf(ip) === family));
+            // An endpoint on a node that cannot serve backs nothing.
+            const backed = !noServingNode(w, s, family);
+            const want = new Set(
+              w.nodes
+                .filter((n) => eligibleAsCluster(n, s, family, w.config) && (!backed || hasServingEndpoint(s, n.name, family)))
+                .map((n) => chosenAddress(n, family))
+                .filter((x) => x !== undefined),
+            );
+            expect(got).toEqual(want);
+            if (!backed && got.size > 0) refusing.push(family);
+          }
+          // Said once, as a problem; never a port error, or the agents would not refuse there.
+          const said = svc.problems.filter((p) => p.reason === 'NoEndpoints');
+          expect(said).toHaveLength(refusing.length > 0 ? 1 : 0);
+          if (refusing.length > 0) {
+            const which = refusing.length === familiesOf(s).length ? '' : `${refusing.map((f) => (f === 'ipv6' ? 'IPv6' : 'IPv4')).join(' and ')} `;
+            const pool = s.pool || w.config.defaultPool;
+            expect(said[0]!.message).toBe(`no node that can serve pool "${pool}" has a serving ${which}endpoint of the Service (externalTrafficPolicy: Local), so ${which}connections to it are refused until one has`);
+          }
+          for (const ing of svc.ingress) for (const p of ing.ports) expect(p.error).not.toBe('NoEndpoints');
+          if (svc.condition.reason === 'NoEndpoints') expect(refusing.length).toBeGreaterThan(0);
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('judges nodes as allocate() does: the nodes judgeNodes() leaves in are the ones advertised', () => {
+    fc.assert(
+      fc.property(worldArb, (w) => {
+        const i = input(w);
+        const a = allocate(i);
+        const judged = judgeNodes(i);
+        expect([...judged.keys()].sort()).toEqual([...a.services.keys()]);
+        for (const s of w.services) {
+          const svc = a.services.get(key(s));
+          if (!svc) continue;
+          const judgements = judged.get(key(s))!;
+          for (const j of judgements) {
+            if (j.excluded?.kind === 'noEndpoint') expect(noServingNode(w, s, j.family)).toBe(false);
+          }
+          if (s.lbIP !== undefined || s.ports.length === 0) continue;
+          const left = new Set(judgements.filter((j) => !j.excluded).map((j) => chosenAddress(w.nodes.find((n) => n.name === j.node)!, j.family)));
+          expect(left).toEqual(new Set(svc.ingress.map((x) => x.ip)));
         }
       }),
       RUNS,
@@ -784,10 +900,171 @@ describe('allocate: examples', () => {
     expect(allocate(base).services.get('default/web')!.ingress.map((i) => i.ip)).toEqual(['192.0.2.2', '192.0.2.3']);
   });
 
-  it('with externalTrafficPolicy Local, serves only on nodes with a ready endpoint', () => {
+  it('with externalTrafficPolicy Local, serves only on nodes with a serving endpoint', () => {
     const nodes = [node('n1', ['192.0.2.1']), node('n2', ['192.0.2.2']), node('n3', ['192.0.2.3'])];
     const local = svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'n2', v6: false, ready: true }, { node: 'n3', v6: false, ready: false }, { node: 'n1', v6: true, ready: true }] });
-    expect(run(nodes, [local]).get('default/web')!.ingress.map((i) => i.ip)).toEqual(['192.0.2.2']);
+    const out = run(nodes, [local]).get('default/web')!;
+    expect(out.ingress.map((i) => i.ip)).toEqual(['192.0.2.2']);
+    expect(out.condition).toEqual({ status: 'True', reason: 'Serving', message: 'served on 192.0.2.2, port 80/TCP' });
+    expect(out.problems).toEqual([]);
+  });
+
+  describe('externalTrafficPolicy Local through rolling updates and scaling to 0', () => {
+    const nodes = [node('n1', ['192.0.2.1']), node('n2', ['192.0.2.2']), node('n3', ['192.0.2.3']), node('down', ['192.0.2.4'], { ready: false })];
+    const terminating = (n: string, serving: boolean): Endpoint => ({ node: n, v6: false, ready: false, serving, terminating: true });
+    const ips = (a: ServiceAllocation) => a.ingress.map((i) => i.ip);
+    const refusing = 'no node that can serve pool "default" has a serving endpoint of the Service (externalTrafficPolicy: Local), so connections to it are refused until one has';
+    const refusedOn = (addresses: string[], ports: number[]): ServiceAllocation => ({
+      ingress: addresses.map((ip) => ({ ip, ipMode: 'Proxy', ports: ports.map((port) => ({ port, protocol: 'TCP' })) })),
+      condition: { status: 'False', reason: 'NoEndpoints', message: refusing },
+      problems: [{ reason: 'NoEndpoints', message: refusing }],
+    });
+
+    it('keeps a node whose old pod terminates but still serves', () => {
+      // Mid rollout: the new pod is ready on n1, n2's old pod drains.
+      const web = svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'n1', v6: false, ready: true }, terminating('n2', true)] });
+      expect(ips(run(nodes, [web]).get('default/web')!)).toEqual(['192.0.2.1', '192.0.2.2']);
+      // Its only pod draining, n2 alone still serves.
+      expect(ips(run(nodes, [{ ...web, endpoints: [terminating('n2', true)] }]).get('default/web')!)).toEqual(['192.0.2.2']);
+      // `serving` absent: `ready` decides, and false is false.
+      expect(ips(run(nodes, [{ ...web, endpoints: [{ node: 'n1', v6: false, ready: true }, { node: 'n2', v6: false, ready: false, terminating: true }] }]).get('default/web')!)).toEqual(['192.0.2.1']);
+    });
+
+    it('drops a node whose only pod terminates and no longer serves, while another node serves', () => {
+      const web = svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'n1', v6: false, ready: true }, terminating('n2', false)] });
+      const out = run(nodes, [web]).get('default/web')!;
+      expect(ips(out)).toEqual(['192.0.2.1']);
+      expect(out.condition.status).toBe('True');
+    });
+
+    it('without a serving endpoint on a node that can serve, keeps every otherwise eligible node\'s address and says connections are refused', () => {
+      const cases: Endpoint[][] = [
+        [],
+        [terminating('n1', false), { node: 'n2', v6: false, ready: false }],
+        [{ node: 'n2', v6: true, ready: true }],
+        [{ node: 'gone', v6: false, ready: true }],
+        // Ready, but on the NotReady node: it backs nothing.
+        [{ node: 'down', v6: false, ready: true }],
+      ];
+      for (const endpoints of cases) {
+        const out = run(nodes, [svc('web', [tcp(80), tcp(443)], { local: true, endpoints })]).get('default/web')!;
+        expect(out).toEqual(refusedOn(['192.0.2.1', '192.0.2.2', '192.0.2.3'], [80, 443]));
+      }
+    });
+
+    it('moves the addresses to the nodes with endpoints once there are some, and back when they are gone', () => {
+      const empty = svc('web', [tcp(80)], { local: true });
+      expect(ips(run(nodes, [empty]).get('default/web')!)).toEqual(['192.0.2.1', '192.0.2.2', '192.0.2.3']);
+      const one = run(nodes, [{ ...empty, endpoints: [{ node: 'n3', v6: false, ready: undefined }] }]).get('default/web')!;
+      expect(ips(one)).toEqual(['192.0.2.3']);
+      expect(one.condition.reason).toBe('Serving');
+      // Scaled down to 0 again: the addresses stay where a node can take them.
+      expect(ips(run(nodes, [{ ...empty, endpoints: [terminating('n3', false)] }]).get('default/web')!)).toEqual(['192.0.2.1', '192.0.2.2', '192.0.2.3']);
+    });
+
+    it('goes pending only when no node is otherwise eligible at all; an endpoint on a node that cannot serve backs nothing', () => {
+      const pending = { ingress: [], condition: { status: 'False', reason: 'NoEligibleNodes', message: 'no node can serve IPv4 in pool "default", of 1 node: 1 not Ready' } };
+      expect(run([nodes[3]!], [svc('web', [tcp(80)], { local: true })]).get('default/web')!).toMatchObject(pending);
+      // Its endpoint on the one node, which cannot serve: still nothing to refuse on.
+      expect(run([nodes[3]!], [svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'down', v6: false, ready: true }] })]).get('default/web')!).toMatchObject(pending);
+      // The only serving endpoint is on a node that fails some other test: the Service gets the eligible nodes, refusing.
+      const others = [
+        node('edge', ['192.0.2.9'], { pool: 'edge' }),
+        node('stale', ['192.0.2.5'], { lease: 'stale' }),
+        node('agentless', ['192.0.2.6'], { lease: 'missing' }),
+        node('off', ['192.0.2.7'], { excluded: true }),
+        node('still', ['192.0.2.8'], { forward: { ipv4: false, ipv6: true } }),
+        node('v6only', ['2001:db8::6']),
+      ];
+      for (const where of ['down', ...others.map((n) => n.name)]) {
+        const out = run([...nodes, ...others], [svc('web', [tcp(80)], { local: true, endpoints: [{ node: where, v6: false, ready: true }] })]).get('default/web')!;
+        expect(out, where).toEqual(refusedOn(['192.0.2.1', '192.0.2.2', '192.0.2.3'], [80]));
+        // Beside an endpoint on a node that can serve, it changes nothing: that node alone serves.
+        const beside = run([...nodes, ...others], [svc('web', [tcp(80)], { local: true, endpoints: [{ node: where, v6: false, ready: true }, terminating('n2', true)] })]).get('default/web')!;
+        expect(ips(beside), where).toEqual(['192.0.2.2']);
+        expect(beside.condition.reason, where).toBe('Serving');
+      }
+    });
+
+    it('says which family is refused when the other is served', () => {
+      const dual = [node('n1', ['192.0.2.1', '2001:db8::1']), node('n2', ['192.0.2.2', '2001:db8::2'])];
+      const out = run(dual, [svc('web', [tcp(80)], { local: true, families: ['IPv4', 'IPv6'], endpoints: [{ node: 'n1', v6: false, ready: true }] })]).get('default/web')!;
+      expect(ips(out)).toEqual(['192.0.2.1', '2001:db8::1', '2001:db8::2']);
+      expect(out.condition).toEqual({
+        status: 'False',
+        reason: 'PartiallyServed',
+        message: 'served on 192.0.2.1 except: no node that can serve pool "default" has a serving IPv6 endpoint of the Service (externalTrafficPolicy: Local), so IPv6 connections to it are refused until one has',
+      });
+    });
+
+    it('names a port error first only when no port would be served even with endpoints', () => {
+      const out = run(nodes.slice(0, 1), [svc('ssh', [tcp(22)], { local: true })]).get('default/ssh')!;
+      expect(out.condition.reason).toBe('PortReserved');
+      expect(out.problems.map((p) => p.reason)).toEqual(['NoEndpoints', 'PortReserved']);
+      expect(run(nodes.slice(0, 1), [svc('ssh', [tcp(22), tcp(2222)], { local: true })]).get('default/ssh')!.condition.reason).toBe('NoEndpoints');
+    });
+
+    it('serves a requested loadBalancerIP on a node without endpoints only while no node that can serve has one', () => {
+      const asked = svc('web', [tcp(80)], { local: true, lbIP: '192.0.2.2' });
+      const refused = run(nodes, [asked]).get('default/web')!;
+      expect(ips(refused)).toEqual(['192.0.2.2']);
+      expect(refused.condition).toEqual({ status: 'False', reason: 'NoEndpoints', message: refusing });
+      // An endpoint on the NotReady node changes nothing: still refused there.
+      expect(run(nodes, [{ ...asked, endpoints: [{ node: 'down', v6: false, ready: true }] }]).get('default/web')!).toEqual(refusedOn(['192.0.2.2'], [80]));
+      const elsewhere = run(nodes, [{ ...asked, endpoints: [{ node: 'n1', v6: false, ready: true }] }]).get('default/web')!;
+      expect(elsewhere).toMatchObject({
+        ingress: [],
+        condition: { reason: 'AddressUnavailable', message: 'spec.loadBalancerIP 192.0.2.2 cannot be served: node n2 has it, but it has no serving endpoint of the Service (externalTrafficPolicy: Local)' },
+      });
+      expect(ips(run(nodes, [{ ...asked, endpoints: [terminating('n2', true)] }]).get('default/web')!)).toEqual(['192.0.2.2']);
+    });
+
+    it('changes nothing for Cluster Services: endpoints do not matter', () => {
+      for (const endpoints of [[], [{ node: 'n1', v6: false, ready: true }], [terminating('n2', false)]]) {
+        const out = run(nodes, [svc('web', [tcp(80)], { endpoints })]).get('default/web')!;
+        expect(ips(out)).toEqual(['192.0.2.1', '192.0.2.2', '192.0.2.3']);
+        expect(out.condition).toEqual({ status: 'True', reason: 'Serving', message: 'served on 192.0.2.1, 192.0.2.2, 192.0.2.3, port 80/TCP' });
+      }
+    });
+
+    it('judges each node as allocate() does, for pier status', () => {
+      const cases: Endpoint[][] = [
+        [],
+        [{ node: 'n1', v6: false, ready: true }, terminating('n2', true)],
+        [{ node: 'n1', v6: false, ready: true }, terminating('n2', false)],
+        [{ node: 'down', v6: false, ready: true }],
+      ];
+      for (const endpoints of cases) {
+        const w: World = { nodes, services: [svc('web', [tcp(80)], { local: true, endpoints })], config };
+        const judged = judgeNodes(input(w)).get('default/web')!;
+        const left = judged.filter((j) => !j.excluded).map((j) => j.addresses[0]);
+        expect(left).toEqual(ips(allocate(input(w)).services.get('default/web')!));
+        expect(judged.find((j) => j.node === 'down')!.excluded).toEqual({ kind: 'notReady', why: 'it is not Ready' });
+      }
+      // The only endpoint on the NotReady node: no node is left out for want of one.
+      const stranded: World = { nodes, services: [svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'down', v6: false, ready: true }] })], config };
+      expect(judgeNodes(input(stranded)).get('default/web')!.filter((j) => !j.excluded).map((j) => j.node)).toEqual(['n1', 'n2', 'n3']);
+      const w: World = { nodes, services: [svc('web', [tcp(80)], { local: true, endpoints: [{ node: 'n1', v6: false, ready: true }, terminating('n2', false)] })], config };
+      expect(judgeNodes(input(w)).get('default/web')!.find((j) => j.node === 'n2')!.excluded).toEqual({
+        kind: 'noEndpoint',
+        why: 'it has no serving endpoint of the Service (externalTrafficPolicy: Local)',
+      });
+    });
+
+    it('asks for no write and no new Event while an unchanged Service has no endpoints', () => {
+      const w: World = { nodes, services: [svc('web', [tcp(80)], { local: true })], config };
+      const services = w.services.map(serviceObject);
+      const first = allocate(input(w, services));
+      const desired = first.services.get('default/web')!;
+      expect(hasWrites(serviceWork(services[0]!, desired, { ipModeDropped: false }))).toBe(true);
+      expect(newProblems(undefined, desired.problems).map((p) => p.reason)).toEqual(['NoEndpoints']);
+      // Written, and its Event reported: allocating again finds nothing to do.
+      const written = feedBack(services, first);
+      const again = allocate(input(w, written)).services.get('default/web')!;
+      expect(again).toEqual(desired);
+      expect(hasWrites(serviceWork(written[0]!, again, { ipModeDropped: false }))).toBe(false);
+      expect(newProblems(new Set(desired.problems.map(problemKey)), again.problems)).toEqual([]);
+    });
   });
 
   it('marks reserved ports, and tells a Service with no ports or too many', () => {

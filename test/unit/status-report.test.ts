@@ -138,7 +138,7 @@ describe('pier status report', () => {
     // n1 serves game; no other fresh, forwarding node in the pool has one of its endpoints.
     const local = buildStatusReport({ ...input, leases: [...leases.filter((l) => l.metadata?.name !== 'pier-agent-n2'), lease('n2')] });
     expect(notes(local.services.find((x) => x.name === 'game')!)).toContain(
-      'node n2 does not serve it: it has no ready endpoint of the Service (externalTrafficPolicy: Local)',
+      'node n2 does not serve it: it has no serving endpoint of the Service (externalTrafficPolicy: Local)',
     );
   });
 
