@@ -19,6 +19,8 @@ export interface Packet {
   ctmark?: number;
   /** The connection as conntrack knows it (filter table). */
   ct?: { new: boolean; dnat: boolean; proto: number; origsrc: string; origdst: string; origdport: number };
+  /** The xt_recent lists that remember this client, not yet timed out (session affinity); none when absent. */
+  remembered?: ReadonlySet<string>;
 }
 
 /** A rule whose matches all held: a jump, a MARK, or the terminating rule. */
@@ -103,6 +105,7 @@ export function walk(chains: ReadonlyMap<string, readonly string[]>, chain: stri
         const opt = w[i]!;
         const v = w[i + 1] ?? '';
         let m = true;
+        let step = 2;
         switch (opt) {
           case '-s': m = inCidr(pkt.src, v); break;
           case '-d': m = inCidr(pkt.dst, v); break;
@@ -120,11 +123,20 @@ export function walk(chains: ReadonlyMap<string, readonly string[]>, chain: stri
           case '--ctorigsrc': m = pkt.ct !== undefined && inCidr(pkt.ct.origsrc, ctNet(v)); break;
           case '--ctorigdst': m = pkt.ct !== undefined && inCidr(pkt.ct.origdst, ctNet(v)); break;
           case '--ctorigdstport': m = pkt.ct !== undefined && inPorts(pkt.ct.origdport, v); break;
+          case '--set': case '--update': case '--rcheck': {
+            // The recent match's options, the list's --name among them, end at the next -m or -j.
+            let name = 'DEFAULT';
+            for (step = 1; i + step < w.length && w[i + step] !== '-m' && w[i + step] !== '-j'; step++) {
+              if (w[i + step] === '--name') name = w[i + step + 1]!;
+            }
+            m = opt === '--set' || (pkt.remembered?.has(name) ?? false);
+            break;
+          }
           case '-j': target = v; args = w.slice(i + 2); i = w.length; continue;
           default: throw new Error(`the rule interpreter does not know ${opt} (in: ${rule})`);
         }
         if (neg ? m : !m) ok = false;
-        i += 2;
+        i += step;
       }
       if (!ok) continue;
       hops.push({ chain: name, rule });

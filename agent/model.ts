@@ -55,6 +55,11 @@ export interface ServedPort {
   restrictSources: boolean;
   /** externalTrafficPolicy Cluster: replies must come back through this node. */
   masquerade: boolean;
+  /**
+   * sessionAffinity ClientIP: how many seconds a client stays with the
+   * endpoint it last used; 0 without affinity.
+   */
+  affinity: number;
 }
 
 export interface FamilyModel {
@@ -409,6 +414,7 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
 
   if (!Array.isArray(specPorts)) throw new TypeError('spec.ports is not a list');
   const local = svc.spec?.externalTrafficPolicy === 'Local';
+  const affinity = affinitySeconds(svc, out);
   const keys = specPorts.length > 1 ? new Set<string>() : undefined;
   for (let index = 0; index < specPorts.length; index++) {
     const sp = specPorts[index]!;
@@ -477,6 +483,7 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
         sourceRanges: restrictSources ? ranges[family] : NONE,
         restrictSources,
         masquerade: !local,
+        affinity,
       };
       out.servedPorts = append(out.servedPorts, served);
       for (let k = 0; k < frontends.length; k++) {
@@ -485,6 +492,24 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
       }
     }
   }
+}
+
+/** kube-proxy's default and the API server's bound for sessionAffinityConfig.clientIP.timeoutSeconds. */
+export const DEFAULT_AFFINITY_SECONDS = 10800;
+const MAX_AFFINITY_SECONDS = 86400;
+
+/** The Service's ClientIP affinity timeout in seconds, 0 for none; a timeout out of bounds gets the default, and a Problem. */
+function affinitySeconds(svc: V1Service, out: ServiceResult): number {
+  if (svc.spec?.sessionAffinity !== 'ClientIP') return 0;
+  const t = svc.spec.sessionAffinityConfig?.clientIP?.timeoutSeconds;
+  if (t === undefined || t === null) return DEFAULT_AFFINITY_SECONDS;
+  if (Number.isInteger(t) && t > 0 && t <= MAX_AFFINITY_SECONDS) return t;
+  problem(out, {
+    service: out.owner.id,
+    reason: 'InvalidSessionAffinity',
+    message: `Service ${out.owner.id}: sessionAffinityConfig.clientIP.timeoutSeconds ${JSON.stringify(t)} is not in 1-${MAX_AFFINITY_SECONDS}; using ${DEFAULT_AFFINITY_SECONDS}`,
+  });
+  return DEFAULT_AFFINITY_SECONDS;
 }
 
 type Ranges = Record<Family, string[]> & { restrict: boolean; open: Record<Family, boolean> };

@@ -20,6 +20,13 @@
 //   chain pick-<i>    DNAT through map endpoints-<i>: frontend : its i-th endpoint
 //                     (a map per index, not one keyed by frontend . index:
 //                     nft 1.0 cannot read back the typeof such a key needs)
+//   chain affinity-<h> a port with sessionAffinity ClientIP (its frontends go here
+//                     instead): a client in an endpoint's set clients-<g> goes
+//                     back to it (sticky-<g>, which refreshes the client's entry and
+//                     DNATs); a new one is spread over the sticky chains. Chains
+//                     and dynamic sets of the port's own, as kube-proxy's nftables
+//                     mode has: the timeout is the port's, and a port without
+//                     affinity pays nothing for it
 //   set no-endpoints  frontends without a usable endpoint: rejected (input, output;
 //                     TCP with a reset)
 //   set restricted    frontends with source ranges; set allowed: frontend . range
@@ -42,7 +49,8 @@
 // backend does. The agent reports such a policy instead.
 import type { Family } from '../lib/contract.ts';
 import { parseCidr } from '../lib/address.ts';
-import { compareText, portChanges, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
+import { compareText, portChanges, type Endpoint, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
+import { chainName } from './render.ts';
 
 export const NFT_TABLE = 'pier';
 export const NFT_FAMILY: Record<Family, 'ip' | 'ip6'> = { ipv4: 'ip', ipv6: 'ip6' };
@@ -80,7 +88,23 @@ export interface NftRuleset {
   sets: Map<string, Map<string, string>>;
   /** The spread-<n> and local-<n> chains the table has, with how many frontends go there. */
   spreads: Map<string, number>;
+  /** Sets and chains of served ports' own (session affinity), by ownKey. */
+  own: Map<string, OwnObject>;
 }
+
+/** A set or chain one served port has to itself. */
+export interface OwnObject {
+  kind: 'set' | 'chain';
+  name: string;
+  /** Its declaration in a table block. */
+  text: string;
+  /** Rules, of a chain. */
+  rules: number;
+  /** Declared in this order, deleted in the reverse: what a rule names exists before it and goes after it. */
+  order: number;
+}
+
+const ownKey = (o: OwnObject) => `${o.kind} ${o.name}`;
 
 /** The chain a served port's frontends go to: by its policy and how many endpoints it has. */
 export function spreadName(endpoints: number, masquerade: boolean): string {
@@ -103,7 +127,14 @@ export function width(r: NftRuleset): number {
 export function nftCounts(r: NftRuleset): { rules: number; chains: number } {
   const picks = width(r);
   const fixed = Object.values(FIXED_RULES).reduce((a, b) => a + b, 0);
-  return { rules: fixed + r.spreads.size * SPREAD_RULES + picks * PICK_RULES, chains: FIXED_CHAINS.length + r.spreads.size + picks };
+  let ownRules = 0;
+  let ownChains = 0;
+  for (const o of r.own.values()) {
+    if (o.kind !== 'chain') continue;
+    ownChains++;
+    ownRules += o.rules;
+  }
+  return { rules: fixed + r.spreads.size * SPREAD_RULES + picks * PICK_RULES + ownRules, chains: FIXED_CHAINS.length + r.spreads.size + picks + ownChains };
 }
 
 const endpointsMap = (i: number) => `endpoints-${i}`;
@@ -116,12 +147,14 @@ interface ServedNft {
   spread: string;
   /** How many frontends go to that chain. */
   frontends: number;
+  /** Its own sets and chains (session affinity); none without. */
+  own: readonly OwnObject[];
 }
 
 const PROTO: Record<Protocol, string> = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' };
 
 export function emptyNft(family: Family, masqueradeBit: number): NftRuleset {
-  return { family, masqueradeBit, sets: new Map(FIXED_SETS.map((s) => [s, new Map<string, string>()])), spreads: new Map() };
+  return { family, masqueradeBit, sets: new Map(FIXED_SETS.map((s) => [s, new Map<string, string>()])), spreads: new Map(), own: new Map() };
 }
 
 /** What NftRenderer.update gives: the table now, and the transaction to it from the table of version `since`. */
@@ -162,7 +195,7 @@ export class NftRenderer {
 
   /** A served port the first update will add, rendered ahead. */
   prepare(served: ServedPort): void {
-    this.prepared?.set(served, servedNft(served, this.state.family));
+    this.prepared?.set(served, servedNft(served, this.state.family, this.state.masqueradeBit));
   }
 
   /**
@@ -185,7 +218,7 @@ export class NftRenderer {
       this.servedPorts.delete(served);
     }
     for (const served of diff.added) {
-      const p = prepared?.get(served) ?? servedNft(served, model.family);
+      const p = prepared?.get(served) ?? servedNft(served, model.family, this.state.masqueradeBit);
       this.servedPorts.set(served, p);
       edit.apply(p, +1);
     }
@@ -201,6 +234,8 @@ class Edit {
   /** Per set, each touched key's value before the edit (undefined: absent), with the set's elements. */
   private readonly before = new Map<string, { was: Map<string, string | undefined>; items: Map<string, string> }>();
   private readonly spreadsBefore = new Map<string, boolean>();
+  /** Each touched own object as it was before the edit (undefined: absent). */
+  private readonly ownBefore = new Map<string, OwnObject | undefined>();
   private readonly widthBefore: number;
   /** Whether to remember what each element was: only a transaction needs it. */
   private readonly track: boolean;
@@ -228,6 +263,13 @@ class Edit {
       if (this.track && !set.was.has(key)) set.was.set(key, set.items.get(key));
       if (sign > 0) set.items.set(key, item[2]);
       else set.items.delete(key);
+    }
+    for (let i = 0; i < p.own.length; i++) {
+      const o = p.own[i]!;
+      const k = ownKey(o);
+      if (this.track && !this.ownBefore.has(k)) this.ownBefore.set(k, this.r.own.get(k));
+      if (sign > 0) this.r.own.set(k, o);
+      else this.r.own.delete(k);
     }
     if (p.spread === '') return;
     const n = this.r.spreads.get(p.spread) ?? 0;
@@ -258,6 +300,18 @@ class Edit {
     let block = '';
     for (let i = wb; i < wa; i++) block += pick(r.family, i);
     for (const [name, had] of this.spreadsBefore) if (!had && r.spreads.has(name)) block += spread(r.family, r.masqueradeBit, name);
+    // Own objects: new ones declared, changed chains flushed and filled again, gone ones deleted last.
+    let flushes = '';
+    const declared: OwnObject[] = [];
+    const gone: OwnObject[] = [];
+    for (const [k, was] of this.ownBefore) {
+      const now = r.own.get(k);
+      if (now && now.text !== was?.text) {
+        if (was) flushes += `flush chain ${t} ${now.name}\n`;
+        declared.push(now);
+      } else if (!now && was) gone.push(was);
+    }
+    for (const o of declared.sort(compareOwn)) block += o.text;
     let dels = '';
     let adds = '';
     for (const [set, { was, items }] of this.before) {
@@ -276,6 +330,7 @@ class Edit {
     // What goes, once nothing names it: spread chains, then the pick chains
     // they jump to, then the maps those read (with their elements).
     let drops = '';
+    for (const o of gone.sort(compareOwn).reverse()) drops += `delete ${o.kind} ${t} ${o.name}\n`;
     for (const [name, had] of this.spreadsBefore) if (had && !r.spreads.has(name)) drops += `delete chain ${t} ${name}\n`;
     for (let i = wa; i < wb; i++) drops += `delete chain ${t} pick-${i}\n`;
     for (let i = wa; i < wb; i++) {
@@ -284,7 +339,7 @@ class Edit {
     }
     // New maps and chains first (elements name them), elements out before in
     // (a key may change its value), the rest last.
-    return (block ? `table ${t} {\n${block}}\n` : '') + dels + adds + drops;
+    return flushes + (block ? `table ${t} {\n${block}}\n` : '') + dels + adds + drops;
   }
 }
 
@@ -293,20 +348,23 @@ export function renderNft(model: FamilyModel, masqueradeBit: number): NftRuleset
   return new NftRenderer(model.family, masqueradeBit).update(model).state;
 }
 
-function servedNft(served: ServedPort, family: Family): ServedNft {
+function servedNft(served: ServedPort, family: Family, masqueradeBit: number): ServedNft {
   const proto = PROTO[served.protocol];
   const keys = served.frontends.map((f) => `${f.address} . ${proto} . ${f.port}`);
   const items: ServedNft['items'] = [];
   if (served.endpoints.length === 0) {
     for (const k of keys) items.push(['no-endpoints', k, '']);
-    return { items, spread: '', frontends: 0 };
+    return { items, spread: '', frontends: 0, own: NO_OWN };
   }
   const eps = [...served.endpoints].sort((a, b) => compareText(a.address, b.address) || a.port - b.port);
   const comment = ` comment "${served.comment.slice(0, MAX_NFT_COMMENT)}"`;
-  const spread = spreadName(eps.length, served.masquerade);
+  const sticky = served.affinity > 0;
+  const own = sticky ? affinityObjects(served, eps, family, masqueradeBit) : NO_OWN;
+  const spread = sticky ? '' : spreadName(eps.length, served.masquerade);
+  const target = sticky ? own[own.length - 1]!.name : spread;
   for (const k of keys) {
-    items.push(['services', k, `${comment} : goto ${spread}`]);
-    eps.forEach((e, i) => items.push([endpointsMap(i), k, ` : ${e.address} . ${e.port}`]));
+    items.push(['services', k, `${comment} : goto ${target}`]);
+    if (!sticky) eps.forEach((e, i) => items.push([endpointsMap(i), k, ` : ${e.address} . ${e.port}`]));
     // Local keeps the client's address, except for a pod reaching itself
     // through the frontend: its reply must come back through this node.
     if (!served.masquerade) for (const a of new Set(eps.map((e) => e.address))) items.push(['hairpin', `${k} . ${a}`, '']);
@@ -315,7 +373,51 @@ function servedNft(served: ServedPort, family: Family): ServedNft {
       for (const r of outermost(served.sourceRanges, family)) items.push(['allowed', `${k} . ${r}`, '']);
     }
   }
-  return { items, spread, frontends: keys.length };
+  return { items, spread, frontends: keys.length, own };
+}
+
+const NO_OWN: readonly OwnObject[] = Object.freeze([]);
+
+/** Orders own objects for a table block (compareOwn), so that a name is declared before a rule uses it. */
+const ORDER = { clients: 0, sticky: 1, affinity: 2 } as const;
+
+function compareOwn(a: OwnObject, b: OwnObject): number {
+  return a.order - b.order || compareText(a.name, b.name);
+}
+
+/** `<prefix>-<16 base32 characters of sha256(seed)>`, lower case. */
+function ownName(prefix: keyof typeof ORDER, seed: string): string {
+  return chainName(`${prefix}-`, seed).toLowerCase();
+}
+
+/**
+ * A ClientIP port's own objects, the chain its frontends go to last: per
+ * endpoint a dynamic set of the clients it served (the timeout in its name,
+ * so that a new timeout is a new set) and a chain that refreshes the client
+ * there and DNATs; then affinity-<h>, which sends a known client back and
+ * spreads a new one.
+ */
+function affinityObjects(served: ServedPort, eps: readonly Endpoint[], family: Family, masqueradeBit: number): OwnObject[] {
+  const ip = NFT_FAMILY[family];
+  const addr = family === 'ipv4' ? 'ipv4_addr' : 'ipv6_addr';
+  const proto = PROTO[served.protocol];
+  const out: OwnObject[] = [];
+  const stickies: string[] = [];
+  let checks = '';
+  for (const e of eps) {
+    const seed = `${served.key}|${e.address}|${e.port}`;
+    const clients = ownName('clients', `${seed}|${served.affinity}`);
+    const sticky = ownName('sticky', seed);
+    const to = family === 'ipv4' ? `${e.address}:${e.port}` : `[${e.address}]:${e.port}`;
+    out.push({ kind: 'set', name: clients, text: `\tset ${clients} { type ${addr}; flags dynamic,timeout; timeout ${served.affinity}s; }\n`, rules: 0, order: ORDER.clients });
+    out.push({ kind: 'chain', name: sticky, text: `\tchain ${sticky} { meta l4proto ${proto} update @${clients} { ${ip} saddr } dnat to ${to}; }\n`, rules: 1, order: ORDER.sticky });
+    checks += ` ${ip} saddr @${clients} goto ${sticky};`;
+    stickies.push(sticky);
+  }
+  const name = ownName('affinity', served.key);
+  const choose = stickies.length === 1 ? `goto ${stickies[0]}` : `numgen random mod ${stickies.length} vmap { ${stickies.map((s, i) => `${i} : goto ${s}`).join(', ')} }`;
+  out.push({ kind: 'chain', name, text: `\tchain ${name} { ${markRule(family, masqueradeBit, served.masquerade)};${checks} ${choose}; }\n`, rules: stickies.length + 2, order: ORDER.affinity });
+  return out;
 }
 
 /**
@@ -384,12 +486,20 @@ function pick(family: Family, i: number): string {
  * tunnel's outer packet would carry it.
  */
 function spread(family: Family, masqueradeBit: number, name: string): string {
-  const ip = NFT_FAMILY[family];
   const n = spreadWidth(name);
-  const mark = `ct mark set ct mark | ${hex(masqueradeBit)}`;
-  const masquerade = name.startsWith('spread-') ? mark : `${ip} daddr . meta l4proto . th dport . ${ip} saddr @hairpin ${mark}`;
+  const masquerade = markRule(family, masqueradeBit, name.startsWith('spread-'));
   const choose = n === 1 ? 'goto pick-0' : `numgen random mod ${n} vmap { ${Array.from({ length: n }, (_, i) => `${i} : goto pick-${i}`).join(', ')} }`;
   return `\tchain ${name} { ${masquerade}; ${choose}; }\n`;
+}
+
+/**
+ * The rule that marks a connection for masquerade: every one (Cluster), or
+ * only a pod's that reaches itself (Local: set hairpin).
+ */
+function markRule(family: Family, masqueradeBit: number, masquerade: boolean): string {
+  const ip = NFT_FAMILY[family];
+  const mark = `ct mark set ct mark | ${hex(masqueradeBit)}`;
+  return masquerade ? mark : `${ip} daddr . meta l4proto . th dport . ${ip} saddr @hairpin ${mark}`;
 }
 
 function elementList(m: ReadonlyMap<string, string>, keys?: readonly string[]): string {
@@ -412,6 +522,7 @@ function tableBlock(r: NftRuleset): string {
   out += skeleton(r.family, r.masqueradeBit);
   for (let i = 0; i < width(r); i++) out += pick(r.family, i);
   for (const name of [...r.spreads.keys()].sort(compareText)) out += spread(r.family, r.masqueradeBit, name);
+  for (const o of [...r.own.values()].sort(compareOwn)) out += o.text;
   return `${out}}\n`;
 }
 
@@ -496,6 +607,11 @@ export function nftDrift(applied: NftRuleset, observed: NftObserved): string[] {
   const want = new Map<string, number>(Object.entries(FIXED_RULES));
   for (const name of applied.spreads.keys()) want.set(name, SPREAD_RULES);
   for (let i = 0; i < width(applied); i++) want.set(`pick-${i}`, PICK_RULES);
+  const ownSets = new Set<string>();
+  for (const o of applied.own.values()) {
+    if (o.kind === 'chain') want.set(o.name, o.rules);
+    else ownSets.add(o.name);
+  }
   for (const [name, n] of want) {
     const have = observed.chains.get(name);
     if (have === undefined) found.push(`chain ${name}: missing`);
@@ -513,6 +629,8 @@ export function nftDrift(applied: NftRuleset, observed: NftObserved): string[] {
     const unwanted = have.size - (items.size - missing);
     if (missing || unwanted) found.push(`set ${set}: ${missing} missing, ${unwanted} unwanted`);
   }
-  for (const set of observed.sets.keys()) if (!applied.sets.has(set)) found.push(`set ${set}: not pier's`);
+  // The clients sets' elements are the kernel's own (the packet path adds them), only the sets are pier's.
+  for (const set of ownSets) if (!observed.sets.has(set)) found.push(`set ${set}: missing`);
+  for (const set of observed.sets.keys()) if (!applied.sets.has(set) && !ownSets.has(set)) found.push(`set ${set}: not pier's`);
   return found;
 }

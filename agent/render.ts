@@ -9,6 +9,8 @@
 //                --dport <port>  [CONNMARK] DNAT          a port with few endpoints: inline,
 //                                                         spread with -m statistic
 //                --dport <port>          -> PIER-SVC-<h>  a port with many: a chain of its own
+//                with ClientIP affinity, per endpoint first a DNAT for the clients
+//                its xt_recent list PIER-AFF-<h> holds, then the spread remembers
 //          POSTROUTING -> PIER-POSTROUTING: masquerade connections with the masquerade bit
 //   filter FORWARD -> PIER-FORWARD: accept pier's DNATed connections. Those
 //            to a port any source may use carry a connection mark, set by
@@ -249,6 +251,8 @@ interface FamilyText {
   dnat: (e: Endpoint) => string;
   /** The REJECT target of a port without endpoints, UDP and SCTP (TCP gets TCP_RESET). */
   unreachable: string;
+  /** The recent match's default --mask, which iptables-save prints. */
+  fullMask: string;
 }
 
 const FAMILY_TEXT: Record<Family, FamilyText> = {
@@ -257,12 +261,14 @@ const FAMILY_TEXT: Record<Family, FamilyText> = {
     ctNet: (c) => (c.endsWith('/32') ? c.slice(0, -3) : c),
     dnat: (e) => ['DNAT --to-destination ', e.address, ':', e.port].join(''),
     unreachable: 'REJECT --reject-with icmp-port-unreachable',
+    fullMask: '255.255.255.255',
   },
   ipv6: {
     host: (a) => [a, '/128'].join(''),
     ctNet: (c) => (c.endsWith('/128') ? c.slice(0, -4) : c),
     dnat: (e) => ['DNAT --to-destination [', e.address, ']:', e.port].join(''),
     unreachable: 'REJECT --reject-with icmp6-port-unreachable',
+    fullMask: 'ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff',
   },
 };
 
@@ -326,8 +332,8 @@ export interface PortRule {
   origsrc: string;
   /** Already quoted for iptables-save. */
   comment: string;
-  /** ` -m statistic ...` or ''. */
-  statistic: string;
+  /** The matches after the port's: ` -m statistic ...`, ` -m recent ...`, both, or ''. */
+  matches: string;
   target: string;
 }
 
@@ -348,8 +354,8 @@ export interface ServedRules {
   own: { table: TableName; name: string; rules: string[] }[];
 }
 
-function portRule(comment: string, target: string, s = '', origsrc = '', statistic = ''): PortRule {
-  return { s, origsrc, comment, statistic, target };
+function portRule(comment: string, target: string, s = '', origsrc = '', matches = ''): PortRule {
+  return { s, origsrc, comment, matches, target };
 }
 
 /** The rules of one served port, for every tree it appears in. Pure. */
@@ -372,7 +378,8 @@ export function servedRules(served: ServedPort, family: Family, marks: MarkBits)
   const accept = !served.restrictSources;
   const hairpins = served.masquerade ? 0 : endpoints.length;
   const markRules = (accept || served.masquerade ? 1 : 0) + hairpins;
-  let nat = new Array<PortRule>(markRules + endpoints.length);
+  const sticky = served.affinity > 0;
+  let nat = new Array<PortRule>(markRules + (sticky ? 2 : 1) * endpoints.length);
   let k = 0;
   // Marked in nat, which sees only a connection's first packet, the
   // connection skips the FORWARD tree: PIER-FORWARD accepts it by its mark
@@ -380,15 +387,21 @@ export function servedRules(served: ServedPort, family: Family, marks: MarkBits)
   // No nat rule carries a comment: every connection would pay for it (see formatRule).
   if (accept || served.masquerade) nat[k++] = portRule('', accept && served.masquerade ? set.both : accept ? set.accept : set.masquerade);
   for (let i = 0; i < hairpins; i++) nat[k++] = portRule('', set.masquerade, text.host(endpoints[i]!.address));
+  // ClientIP affinity: a client an endpoint's list remembers goes back to
+  // it (and is remembered afresh); a new one is spread and remembered where
+  // it lands. A list per endpoint, so an endpoint's rules leaving end its
+  // clients' affinity with it.
+  const lists = sticky ? endpoints.map((e) => affinityList(served, e, text)) : undefined;
+  if (lists) for (let i = 0; i < endpoints.length; i++) nat[k++] = portRule('', text.dnat(endpoints[i]!), '', '', lists[i]!.update);
   for (let i = 0; i < endpoints.length; i++) {
     const spread = i < endpoints.length - 1 ? statistic(endpoints.length - i) : '';
-    nat[k++] = portRule('', text.dnat(endpoints[i]!), '', '', spread);
+    nat[k++] = portRule('', text.dnat(endpoints[i]!), '', '', lists ? spread + lists[i]!.set : spread);
   }
   // A port whose rules are few sits in the dispatch tree; one chain per port
   // would make every full restore pay for a user chain.
   if (nat.length > PORT_CHAIN_RULES) {
     const name = chainName('PIER-SVC-', `svc|${served.key}`);
-    const rules = nat.map((r, i) => (i < markRules ? `${r.s ? `-s ${r.s} ` : ''}-j ${r.target}` : `-p ${proto}${r.statistic} -j ${r.target}`));
+    const rules = nat.map((r, i) => (i < markRules ? `${r.s ? `-s ${r.s} ` : ''}-j ${r.target}` : `-p ${proto}${r.matches} -j ${r.target}`));
     own.push({ table: 'nat', name, rules });
     nat = [portRule('', name)];
   }
@@ -401,6 +414,24 @@ export function servedRules(served: ServedPort, family: Family, marks: MarkBits)
   // allowed one goes on to the host's own rules.
   const sources = sourceCheck(served, comment, text, SOURCES_CHECK, own);
   return { trees: { nat, forward, sources }, own };
+}
+
+/** One endpoint's xt_recent list of a served port with affinity, as iptables-save prints its matches. */
+interface AffinityList {
+  /** Matches a client the list holds, not older than the timeout, and refreshes it. */
+  update: string;
+  /** Remembers the client. */
+  set: string;
+}
+
+/** The xt_recent list of the clients of one endpoint of a served port. */
+export function affinityListName(served: ServedPort, e: Endpoint): string {
+  return chainName('PIER-AFF-', `aff|${served.key}|${e.address}|${e.port}`);
+}
+
+function affinityList(served: ServedPort, e: Endpoint, text: FamilyText): AffinityList {
+  const tail = ` --name ${affinityListName(served, e)} --mask ${text.fullMask} --rsource`;
+  return { update: ` -m recent --update --seconds ${served.affinity} --reap${tail}`, set: ` -m recent --set${tail}` };
 }
 
 /** How a tree checks sources: what an allowed source gets, and the port's own chain when the list is long. */
@@ -448,7 +479,7 @@ function portTexts(tree: TreeName, protocol: Protocol, rules: readonly PortRule[
       parts[1] = root ? `-d ${root} ` : '';
       parts[2] = p.dstHead;
       parts[3] = port;
-      parts[4] = r.statistic;
+      parts[4] = r.matches;
     } else {
       parts[0] = root ? `-m conntrack --ctproto ${p.number}` : '-m conntrack';
       parts[1] = r.origsrc ? ` --ctorigsrc ${r.origsrc}` : '';

@@ -106,6 +106,8 @@ export interface Verdict {
   endpoints: EndpointTrace[];
   /** The agent's problems with the Service(s) that claim this frontend. */
   problems: Problem[];
+  /** sessionAffinity ClientIP's timeout in seconds; the endpoints' chances are a new client's. */
+  affinity?: number;
 }
 
 /** `<address>:<port>/<proto>`, IPv6 bracketed. */
@@ -168,6 +170,7 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
     frontend: `${bracket(dst.text, packet.port)}/${packet.protocol}`,
     fromNode,
     ...(served ? { service: served.comment } : {}),
+    ...(served && served.affinity > 0 ? { affinity: served.affinity } : {}),
     problems: relatedProblems(world, dst.text, packet.port, packet.protocol, served),
   };
 
@@ -314,6 +317,9 @@ export function verdictText(v: Verdict): string {
   const seen = (e: EndpointTrace) =>
     e.outcome !== 'delivered' ? `${e.outcome} via ${e.via}` : `delivered via ${e.via}, ${e.sourceSeen.kind === 'client' ? `source kept: the endpoint sees ${e.sourceSeen.address}` : `masqueraded: the endpoint sees an address of ${e.sourceSeen.node}`}`;
   if (v.endpoints.length > 0) lines.push(`  DNAT to ${v.endpoints.length === 1 ? 'its endpoint' : `one of ${v.endpoints.length} endpoints`}:`);
+  if (v.affinity !== undefined && v.endpoints.length > 0) {
+    lines.push(`  session affinity ClientIP: a client seen within ${v.affinity} s goes back to the endpoint it used last; the chances are a new client's`);
+  }
   for (const e of v.endpoints) {
     const where = e.local === undefined ? '' : e.local ? ', on this node' : ', on another node';
     lines.push(`    ${(e.probability * 100).toFixed(1).padStart(5)}%  ${bracket(e.address, e.port)}${where}${shared ? '' : `: ${seen(e)}`}`);

@@ -73,6 +73,10 @@ const CHANGE_RATIO = 3;
 /** "Cheap": what a no-op sync may cost at the largest size (it was 321 ms at 10,000 ports). */
 const NOOP_MS = 10;
 const RSS_MB = 150;
+/** Issue 27: one change to a Service with ClientIP affinity, against the same change to one without, either backend. */
+const AFFINITY_CHANGE_RATIO = 2;
+/** The one Service of every size with ClientIP affinity: changes to it are measured beside changes to Service 0. */
+const STICKY = 1;
 
 interface Objects {
   services: V1Service[];
@@ -83,7 +87,7 @@ function service(i: number, ips = [NODE_IP]): V1Service {
   const port = 20000 + i;
   return {
     metadata: { namespace: 'bench', name: `svc-${i}`, uid: `uid-${i}` },
-    spec: { type: 'LoadBalancer', loadBalancerClass: LOAD_BALANCER_CLASS, ports: [{ name: 'p', port, protocol: 'TCP', targetPort: 8080 }] },
+    spec: { type: 'LoadBalancer', loadBalancerClass: LOAD_BALANCER_CLASS, ports: [{ name: 'p', port, protocol: 'TCP', targetPort: 8080 }], ...(i === STICKY ? { sessionAffinity: 'ClientIP' } : {}) },
     status: { loadBalancer: { ingress: ips.map((ip) => ({ ip, ipMode: 'Proxy', ports: [{ port, protocol: 'TCP' }] })) } },
   };
 }
@@ -203,6 +207,8 @@ const results: { target: string; value: string; ok: boolean }[] = [];
 process.stdout.write(`pier agent benchmark: iptables ${backend}, medians of ${coldRepeat} cold and ${repeat} small measurements\n\n`);
 const cold = new Map<number, { agent: number; raw: number }>();
 const change = new Map<number, number>();
+/** The same change to the Service with ClientIP affinity. */
+const stickyChange = new Map<number, number>();
 const noop = new Map<number, number>();
 for (const n of sizes) {
   const objs = objects(n);
@@ -220,7 +226,7 @@ for (const n of sizes) {
   const aheads: number[] = [];
   const computes: number[] = [];
   const applies: number[] = [];
-  let steady: { noop: number; changed: number } | undefined;
+  let steady: { noop: number; changed: number; sticky: number } | undefined;
   for (let k = 0; k < coldRepeat; k++) {
     raws.push(
       await withScratch(async (_s, xt) => {
@@ -260,20 +266,22 @@ for (const n of sizes) {
       if (res.mode !== 'full') throw new Error(`expected a full sync, got ${res.mode}`);
       if (!last) return;
       const noops: number[] = [];
-      const changes: number[] = [];
+      const changes = { plain: [] as number[], sticky: [] as number[] };
       for (let r = 0; r < repeat; r++) {
-        let t = performance.now();
-        const res = await sync(p, applier, objs);
-        noops.push(ms(t));
-        if (res.mode !== 'noop') throw new Error(`expected a no-op sync, got ${res.mode}`);
-        // One Service changed: the informer replaces its slice, nothing else.
-        objs.slices[0] = decoded(slice(0, r + 1));
-        t = performance.now();
-        const c = await sync(p, applier, objs);
-        changes.push(ms(t));
-        if (c.mode !== 'partial') throw new Error(`expected a partial sync, got ${c.mode}`);
+        for (const [i, times] of [[0, changes.plain], [STICKY, changes.sticky]] as const) {
+          let t = performance.now();
+          const res = await sync(p, applier, objs);
+          noops.push(ms(t));
+          if (res.mode !== 'noop') throw new Error(`expected a no-op sync, got ${res.mode}`);
+          // One Service changed: the informer replaces its slice, nothing else.
+          objs.slices[i] = decoded(slice(i, r + 1));
+          t = performance.now();
+          const c = await sync(p, applier, objs);
+          times.push(ms(t));
+          if (c.mode !== 'partial') throw new Error(`expected a partial sync, got ${c.mode}`);
+        }
       }
-      steady = { noop: median(noops), changed: median(changes) };
+      steady = { noop: median(noops), changed: median(changes.plain), sticky: median(changes.sticky) };
     });
   }
   // The engine from an empty state with nothing ahead, as `pier plan` and `pier trace` run it.
@@ -289,6 +297,7 @@ for (const n of sizes) {
   const raw = median(raws);
   cold.set(n, { agent, raw });
   change.set(n, steady!.changed);
+  stickyChange.set(n, steady!.sticky);
   noop.set(n, steady!.noop);
   const ratio = agent / raw;
   const first = change.get(Math.min(...sizes));
@@ -303,6 +312,7 @@ for (const n of sizes) {
   row(`${n} ports:   cold sync with the save on its path, nothing ahead`, `${fmt(median(withSaves))} (ratio ${(median(withSaves) / raw).toFixed(2)})`);
   row(`${n} ports: no-op sync`, fmt(steady!.noop));
   row(`${n} ports: one Service changed`, `${fmt(steady!.changed)}${first && n !== Math.min(...sizes) ? ` (${(steady!.changed / first).toFixed(2)}x the same change at ${Math.min(...sizes)})` : ''}`);
+  row(`${n} ports: one Service with ClientIP affinity changed`, `${fmt(steady!.sticky)} (${(steady!.sticky / steady!.changed).toFixed(2)}x one without)`);
   row(`${n} ports: computing the rules from an empty state, nothing ahead (pier plan)`, fmt(median(pure)));
 }
 
@@ -433,11 +443,11 @@ if (dualPorts > 0) {
 
 // The nftables backend on the same objects: Agent.sync's steps with
 // NftRenderer and NftApplier, the lists' last pages on the clock as above.
-const nft = new Map<number, { cold: number; change: number; noop: number; verify: number }>();
+const nft = new Map<number, { cold: number; change: number; sticky: number; noop: number; verify: number }>();
 for (const n of sizes) {
   const objs = objects(n);
   const colds: number[] = [];
-  let steady: { change: number; noop: number; verify: number } | undefined;
+  let steady: { change: number; sticky: number; noop: number; verify: number } | undefined;
   for (let k = 0; k < coldRepeat; k++) {
     await withScratch(async (s) => {
       const p = pipeline();
@@ -474,22 +484,25 @@ for (const n of sizes) {
         // sync still pay for collecting its garbage (5-8 ms against 2.5-4
         // at 10,000 ports), and a median of five then fell on a third slow one.
         await new Promise((resolve) => setTimeout(resolve, 1000));
+        const stickies: number[] = [];
         for (let r = 0; r < 3 * repeat; r++) {
-          const t = performance.now();
-          if ((await nftSync()).mode !== 'noop') throw new Error('expected a no-op nft sync');
-          noops.push(ms(t));
-          objs.slices[0] = decoded(slice(0, 100 + r));
-          const c0 = performance.now();
-          const c = await nftSync();
-          changes.push(ms(c0));
-          if (c.mode !== 'partial') throw new Error(`expected a partial nft sync, got ${c.mode}`);
+          for (const [i, times] of [[0, changes], [STICKY, stickies]] as const) {
+            const t = performance.now();
+            if ((await nftSync()).mode !== 'noop') throw new Error('expected a no-op nft sync');
+            noops.push(ms(t));
+            objs.slices[i] = decoded(slice(i, 100 + r));
+            const c0 = performance.now();
+            const c = await nftSync();
+            times.push(ms(c0));
+            if (c.mode !== 'partial') throw new Error(`expected a partial nft sync, got ${c.mode}`);
+          }
         }
         for (let r = 0; r < repeat; r++) {
           const t = performance.now();
           if ((await nftSync(true)).mode !== 'noop') throw new Error('expected a no-op verifying nft sync');
           verifies.push(ms(t));
         }
-        steady = { change: median(changes), noop: median(noops), verify: median(verifies) };
+        steady = { change: median(changes), sticky: median(stickies), noop: median(noops), verify: median(verifies) };
       } finally {
         applier.close();
       }
@@ -500,6 +513,7 @@ for (const n of sizes) {
   const raw = cold.get(n)!.raw;
   row(`nftables, ${n} ports: cold sync`, `${fmt(nftCold)} (${(nftCold / raw).toFixed(2)}x the iptables backend's raw restore, ${fmt(raw)})`);
   row(`nftables, ${n} ports: no-op sync; one Service changed`, `${fmt(steady!.noop)}; ${fmt(steady!.change)}`);
+  row(`nftables, ${n} ports: one Service with ClientIP affinity changed`, `${fmt(steady!.sticky)} (${(steady!.sticky / steady!.change).toFixed(2)}x one without)`);
   row(`nftables, ${n} ports: verifying sync, nothing drifted`, fmt(steady!.verify));
 }
 
@@ -509,6 +523,8 @@ const small = Math.min(...sizes);
   const nb = nft.get(big)!;
   results.push({ target: `nftables: cold sync at ${big} <= ${NFT_COLD_RATIO}x iptables raw restore`, value: `${(nb.cold / cold.get(big)!.raw).toFixed(2)}x`, ok: nb.cold / cold.get(big)!.raw <= NFT_COLD_RATIO });
   results.push({ target: `nftables: one change at ${big} <= ${NFT_CHANGE_MS} ms`, value: fmt(nb.change), ok: nb.change <= NFT_CHANGE_MS });
+  const r = nb.sticky / nb.change;
+  results.push({ target: `nftables: one ClientIP Service changed at ${big} <= ${AFFINITY_CHANGE_RATIO}x one without`, value: `${r.toFixed(2)}x`, ok: r <= AFFINITY_CHANGE_RATIO });
 }
 {
   const c = cold.get(big)!;
@@ -523,6 +539,8 @@ const small = Math.min(...sizes);
     const r = change.get(big)! / change.get(small)!;
     results.push({ target: `one change at ${big} <= ${CHANGE_RATIO}x one change at ${small}`, value: `${r.toFixed(2)}x`, ok: r <= CHANGE_RATIO });
   }
+  const sticky = stickyChange.get(big)! / change.get(big)!;
+  results.push({ target: `one ClientIP Service changed at ${big} <= ${AFFINITY_CHANGE_RATIO}x one without`, value: `${sticky.toFixed(2)}x`, ok: sticky <= AFFINITY_CHANGE_RATIO });
   results.push({ target: `no-op sync at ${big} <= ${NOOP_MS} ms`, value: fmt(noop.get(big)!), ok: noop.get(big)! <= NOOP_MS });
 }
 

@@ -14,7 +14,10 @@
 // backend (the agent's payload, planText, with iptables-restore --noflush)
 // and its nftables backend (nftScript(renderNft(...)) with nft -f) for N
 // one-endpoint Services on ports 20000.., and a flat list of N plain DNAT
-// rules in PREROUTING (the other anchor). The client connects to the last
+// rules in PREROUTING (the other anchor). At the largest N both backends
+// once more with sessionAffinity ClientIP on every 50th Service and on the
+// ports measured: the probe's client connects again and again, so every
+// connect but its first is a returning client's. The client connects to the last
 // port (the end of the flat list) and to the middle one, and with pier's
 // iptables rules also to the deepest port: the one whose connect walks the
 // most rules, found with agent/interp.ts (a connect's SYN walks the nat tree
@@ -84,13 +87,16 @@ const big = Math.max(...sizes);
 const NFT_SCALE = 1.1;
 const NFT_ANCHOR = 1.2;
 const IPTABLES_ANCHOR = 1.3;
+// From issue 27: a returning ClientIP client, either backend.
+const AFFINITY_ANCHOR = 1.3;
 
-/** N one-endpoint Services on the node's address, ports FIRST_PORT.., all to the one endpoint. */
-function objects(n: number): { services: V1Service[]; slices: V1EndpointSlice[] } {
+/** N one-endpoint Services on the node's address, ports FIRST_PORT.., all to the one endpoint; those `sticky` picks with ClientIP affinity. */
+function objects(n: number, sticky: (i: number) => boolean = () => false): { services: V1Service[]; slices: V1EndpointSlice[] } {
   const services = Array.from({ length: n }, (_, i) => {
     const port = FIRST_PORT + i;
     const svc = lbService('bench', `svc-${i}`, [{ name: 'p', port, targetPort: ENDPOINT_PORT }]);
     svc.metadata!.uid = `uid-${i}`;
+    if (sticky(i)) svc.spec!.sessionAffinity = 'ClientIP';
     svc.status = { loadBalancer: { ingress: [{ ip: FRONTEND, ipMode: 'Proxy', ports: [{ port, protocol: 'TCP' }] }] } };
     return svc;
   });
@@ -99,9 +105,9 @@ function objects(n: number): { services: V1Service[]; slices: V1EndpointSlice[] 
 }
 
 /** The agent's model of N Services for this node's IPv4 address (SyncPipeline, as Agent.sync computes it). */
-function model(n: number) {
+function model(n: number, sticky?: (i: number) => boolean) {
   const p = new SyncPipeline({ nodeName: NODE, model: MODEL_CONFIG, render: { marks: MARKS } });
-  return { p, model: p.model({ nodeAddresses: [FRONTEND], ...objects(n) }).ipv4 };
+  return { p, model: p.model({ nodeAddresses: [FRONTEND], ...objects(n, sticky) }).ipv4 };
 }
 
 const dnat = (port: number) => `-d ${FRONTEND}/32 -p tcp -m tcp --dport ${port} -j DNAT --to-destination ${ENDPOINT_IP}:${ENDPOINT_PORT}`;
@@ -139,8 +145,10 @@ interface Walked {
 function walker(rs: Ruleset): (port: number) => Walked {
   const nat = rs.tables.nat.chains;
   const filter = rs.tables.filter.chains;
+  // The client returns: every affinity list remembers it.
+  const remembered = new Set([...nat.values()].flatMap((rules) => rules.flatMap((r) => /--name (\S+)/.exec(r)?.[1] ?? [])));
   return (port: number) => {
-    const syn = { src: CLIENT_IP, dst: FRONTEND, proto: 'tcp' as const, dport: port };
+    const syn = { src: CLIENT_IP, dst: FRONTEND, proto: 'tcp' as const, dport: port, remembered };
     const n = walk(nat, 'PIER-SERVICES', syn);
     if (n.verdict !== 'DNAT') throw new Error(`port ${port}: pier's nat rules give ${n.verdict}, not a DNAT`);
     const ct = { new: true, dnat: true, proto: 6, origsrc: CLIENT_IP, origdst: FRONTEND, origdport: port };
@@ -154,10 +162,11 @@ function walker(rs: Ruleset): (port: number) => Walked {
 }
 
 /** The port whose connect walks the most rules: the SYN's nat and FORWARD walks, and two later FORWARD walks (SYN-ACK, ACK). */
-function deepest(n: number, walked: (port: number) => Walked): number {
+function deepest(n: number, walked: (port: number) => Walked, among: (i: number) => boolean = () => true): number {
   let best = FIRST_PORT;
   let most = -1;
   for (let port = FIRST_PORT; port < FIRST_PORT + n; port++) {
+    if (!among(port - FIRST_PORT)) continue;
     const w = walked(port);
     const rules = w.nat + w.forward + 2 * w.later;
     if (rules > most) [best, most] = [port, rules];
@@ -218,6 +227,29 @@ function ruleSets(): RuleSet[] {
       apply: async (ns) => void (await execa('ip', ['netns', 'exec', ns, 'nft', '-f', '-'], { input: script })),
     });
   }
+  // Every 50th Service with affinity, and the ports measured.
+  const sticky = (i: number) => i % 50 === 0 || i === big - 1;
+  const { p, model: m } = model(big, sticky);
+  const rs = p.ruleset(m);
+  const walked = walker(rs);
+  sets.push({
+    key: `iptables-affinity-${big}`,
+    label: `pier iptables, ${big} Services, ClientIP affinity`,
+    ports: [{ label: 'deepest port', port: deepest(big, walked, sticky) }],
+    rtt: false,
+    size: `${[...rs.tables.nat.chains.values(), ...rs.tables.filter.chains.values()].reduce((a, r) => a + r.length, 0)} rules`,
+    apply: (ns) => xtables(ns).restore(planText(rs)),
+    walked,
+  });
+  const script = nftScript(renderNft(m, MARKS.masquerade));
+  sets.push({
+    key: `nft-affinity-${big}`,
+    label: `pier nftables, ${big} Services, ClientIP affinity`,
+    ports: [{ label: 'last port', port: FIRST_PORT + big - 1 }],
+    rtt: false,
+    size: `${big} map elements, ${m.ports.filter((x) => x.affinity > 0).length} ports with chains of their own`,
+    apply: async (ns) => void (await execa('ip', ['netns', 'exec', ns, 'nft', '-f', '-'], { input: script })),
+  });
   const flat = ['*nat', ...Array.from({ length: big }, (_, i) => `-A PREROUTING ${dnat(FIRST_PORT + i)}`), 'COMMIT', ''].join('\n');
   sets.push({
     key: `flat-${big}`,
@@ -385,6 +417,10 @@ try {
     { target: `pier nftables connect p50 at ${big} / at ${small} Services <= ${NFT_SCALE}`, ratio: nftBig / nftSmall, max: NFT_SCALE },
     { target: `pier nftables connect p50 at ${big} / one DNAT rule <= ${NFT_ANCHOR}`, ratio: nftBig / anchor, max: NFT_ANCHOR },
     { target: `pier iptables connect p50 at ${big}, deepest port / one DNAT rule <= ${IPTABLES_ANCHOR} (goal)`, ratio: iptBig / anchor, max: IPTABLES_ANCHOR },
+    ...(['iptables', 'nft'] as const).map((b) => {
+      const c = connectOf(`${b}-affinity-${big}`, b === 'iptables' ? 'deepest port' : 'last port');
+      return { target: `${c.set.label}: a returning client's connect p50 / one DNAT rule <= ${AFFINITY_ANCHOR}`, ratio: pct(c.samples, 50) / anchor, max: AFFINITY_ANCHOR };
+    }),
   ];
   process.stdout.write('\ntargets (the last port for nftables: one map lookup for any port)\n');
   // Three decimals: a ratio that prints as the target itself can still be over it.

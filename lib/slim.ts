@@ -40,6 +40,8 @@ export const SERVICE_SHAPE: Shape = {
     loadBalancerClass: 'intern',
     externalTrafficPolicy: 'intern',
     loadBalancerSourceRanges: true,
+    sessionAffinity: 'intern',
+    sessionAffinityConfig: { clientIP: { timeoutSeconds: true } },
     ports: [{ name: 'intern', protocol: 'intern', port: true }],
   },
   status: { loadBalancer: { ingress: [{ ip: 'intern', ports: [{ port: true, protocol: 'intern', error: 'intern' }] }] } },

@@ -107,6 +107,7 @@ for (const backend of BACKENDS) {
         sourceRanges: i % 10 === 0 ? ['203.0.113.0/24'] : [],
         restrictSources: i % 10 === 0,
         masquerade: i % 2 === 0,
+        affinity: 0,
       }));
       const ruleset = renderRuleset({ family: 'ipv4', ports }, { marks: MARKS });
       await reset('ipv4');

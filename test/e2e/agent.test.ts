@@ -23,9 +23,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { agentLeaseName, LEASE_BACKEND, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV4_REASON, LEASE_IPTABLES_BACKEND } from '../../lib/contract.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
-import { HOST_V4, Lab, type Endpoint, type LabNode, type ProbeResult } from '../lab/lab.ts';
+import { ECHO_PORT, HOST_V4, Lab, type Endpoint, type LabNode, type ProbeResult } from '../lab/lab.ts';
 import { createLabService, registerLabNodes, type LabServicePort } from '../lab/pier.ts';
 import { isAlive } from '../support/cleanup.ts';
+import { endpointSlice } from '../support/objects.ts';
 import { eventually } from '../support/wait.ts';
 
 const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
@@ -266,6 +267,58 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
         expect(new Set(results.map((r) => r.reply!.peer))).toEqual(new Set([client(0)[family]]));
       }
     }
+  });
+
+  it('session affinity ClientIP: each client sticks to one pod, TCP and UDP, v4 and v6, Cluster and Local, switched live', async () => {
+    const ports: LabServicePort[] = [{ name: 'http', port: 84 }, { name: 'dns', port: 54, protocol: 'UDP' }];
+    const sticky = { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 300 } } };
+    await createService('sticky', ports, lab.pods, sticky);
+    const patch = (spec: object) => core.patchNamespacedService({ name: 'sticky', namespace: NS, body: { spec } }, mergePatch);
+    /** Per client, the pods that answered 20 connections to each node address; every connection must be answered. */
+    const seen = async (family: 'v4' | 'v6', proto: 'tcp' | 'udp', n: LabNode) => {
+      const port = proto === 'tcp' ? 84 : 54;
+      await probeUntilOk(client(0), n[family], port, proto);
+      const out: Set<string>[] = [];
+      for (const c of [0, 1]) {
+        const results = await lab.probe(client(c), n[family], port, { proto, count: 20, timeoutMs: 1000 });
+        expect(results.filter((r) => !r.ok), `${proto} ${n[family]}:${port} from client ${c}`).toEqual([]);
+        out.push(new Set(answered(results)));
+      }
+      return out;
+    };
+    const eachFrontend = async (check: (family: 'v4' | 'v6', proto: 'tcp' | 'udp', n: LabNode) => Promise<void>) => {
+      for (const family of ['v4', 'v6'] as const) for (const proto of ['tcp', 'udp'] as const) for (const n of lab.nodes) await check(family, proto, n);
+    };
+    const sticks = (local: boolean) =>
+      eachFrontend(async (family, proto, n) => {
+        for (const pods of await seen(family, proto, n)) {
+          expect(pods.size, `${proto} ${n[family]}: one pod per client`).toBe(1);
+          if (local) expect(n.pods.map((p) => p.name)).toContain([...pods][0]);
+        }
+      });
+    await sticks(false);
+    // Off: every client is spread again (four pods, 20 connections: one pod alone is a 4^-19 chance).
+    await patch({ sessionAffinity: 'None', sessionAffinityConfig: null });
+    await eventually('affinity off', async () => (await seen('v4', 'tcp', lab.nodes[0]!))[0]!.size > 1);
+    await eachFrontend(async (family, proto, n) => {
+      for (const pods of await seen(family, proto, n)) expect(pods.size, `${proto} ${n[family]} without affinity`).toBeGreaterThan(1);
+    });
+    // On again, with Local policy: a client sticks to one of the node's own pods.
+    await patch({ ...sticky, externalTrafficPolicy: 'Local' });
+    await eventually('affinity on', async () => (await seen('v4', 'tcp', lab.nodes[0]!)).every((p) => p.size === 1));
+    await sticks(true);
+    // The pod a client sticks to leaves: the client moves to another, and sticks there.
+    const n1 = lab.nodes[0]!;
+    const [before] = await seen('v4', 'tcp', n1);
+    const left = lab.pods.filter((p) => p.name !== [...before!][0]);
+    for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {
+      const body = endpointSlice(NS, 'sticky', type, left.map((p) => ({ address: p[family], nodeName: p.node })), ports.map((p) => ({ name: p.name, port: ECHO_PORT, protocol: p.protocol })));
+      await discovery.replaceNamespacedEndpointSlice({ name: body.metadata!.name!, namespace: NS, body });
+    }
+    await eventually('client moved', async () => {
+      const [after] = await seen('v4', 'tcp', n1);
+      return after!.size === 1 && !after!.has([...before!][0]!);
+    });
   });
 
   it('hairpin: a pod reaches itself through its node address', async () => {

@@ -13,6 +13,7 @@ function served(protocol: 'TCP' | 'UDP' | 'SCTP', frontends: [string, number][],
     sourceRanges: [],
     restrictSources: false,
     masquerade: true,
+    affinity: 0,
   };
 }
 

@@ -50,6 +50,8 @@ export interface ServiceSpec {
   endpoints: EndpointSpec[];
   slices: number;
   created: number;
+  /** sessionAffinity ClientIP with this timeoutSeconds ('default': none given); undefined: no affinity. */
+  affinity: number | 'default' | undefined;
 }
 
 export interface World {
@@ -85,6 +87,7 @@ const serviceArb: fc.Arbitrary<Omit<ServiceSpec, 'name' | 'external' | 'created'
     rangesInAnnotation: fc.boolean(),
     endpoints: fc.array(endpointArb, { maxLength: 10 }),
     slices: fc.integer({ min: 1, max: 3 }),
+    affinity: fc.constantFrom<ServiceSpec['affinity']>(undefined, undefined, 'default', 60, 86400),
   })
   .map(({ errorSeed, errorRate, ports, ...rest }) => {
     // Port names must be unique within a Service, and an unnamed one is alone.
@@ -132,6 +135,8 @@ export function toInput(world: World, overrides: Partial<ModelInput> = {}): Mode
         externalTrafficPolicy: s.local ? 'Local' : 'Cluster',
         ports: s.ports.map((p) => ({ ...(p.name ? { name: p.name } : {}), protocol: p.protocol, port: p.port, targetPort: p.targetPort as never })),
         ...(s.ranges.length > 0 && !s.rangesInAnnotation ? { loadBalancerSourceRanges: s.ranges } : {}),
+        ...(s.affinity !== undefined ? { sessionAffinity: 'ClientIP' } : {}),
+        ...(typeof s.affinity === 'number' ? { sessionAffinityConfig: { clientIP: { timeoutSeconds: s.affinity } } } : {}),
       },
       status: {
         loadBalancer: {

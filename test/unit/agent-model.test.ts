@@ -137,6 +137,7 @@ describe('buildModel examples', () => {
         sourceRanges: [],
         restrictSources: false,
         masquerade: true,
+        affinity: 0,
       },
     ]);
   });
@@ -303,7 +304,7 @@ describe('buildModel bad input', () => {
 
 /** What the model should say about a world, computed straight from the generator's terms. */
 function expected(world: World) {
-  const out = new Map<string, { frontends: string[]; endpoints: string[]; masquerade: boolean; restrict: boolean; ranges: string[] }>();
+  const out = new Map<string, { frontends: string[]; endpoints: string[]; masquerade: boolean; affinity: number; restrict: boolean; ranges: string[] }>();
   const here = new Map([...NODE_V4, ...NODE_V6].map((a) => [a, parseAddress(a)!.text]));
   for (const s of world.services) {
     if (s.cls !== CLASS) continue;
@@ -321,6 +322,7 @@ function expected(world: World) {
           frontends: [...new Set(frontends)].sort(),
           endpoints: [...new Set(chosen.map((e) => `${parseAddress(endpointAddress(e))!.text}:${p.targetPort}`))].sort(),
           masquerade: !s.local,
+          affinity: s.affinity === undefined ? 0 : s.affinity === 'default' ? 10800 : s.affinity,
           restrict,
           ranges: restrict ? [...new Set(ranges.filter((r) => r.family === family).map((r) => r.text))].sort() : [],
         });
@@ -338,6 +340,7 @@ function summary(servedPorts: ServedPort[]) {
         frontends: p.frontends.map((f) => `${f.address}:${f.port}`).sort(),
         endpoints: p.endpoints.map((e) => `${e.address}:${e.port}`).sort(),
         masquerade: p.masquerade,
+        affinity: p.affinity,
         restrict: p.restrictSources,
         ranges: [...p.sourceRanges].sort(),
       },

@@ -25,12 +25,32 @@ function verdict(r: NftRuleset, key: string, client: string) {
   if (set('restricted').has(key) && ![...set('allowed').keys()].some((k) => k.startsWith(`${key} . `) && inRange(client, k.slice(key.length + 3)))) return 'dropped';
   const service = set('services').get(key);
   if (!service) return set('no-endpoints').has(key) ? 'rejected' : 'untouched';
+  const sticky = /goto (affinity-[a-z2-7]{16})$/.exec(service);
+  if (sticky) return affinityVerdict(r, sticky[1]!, key, client);
   const [, chain, policy, count] = /goto ((spread|local)-(\d+))$/.exec(service)!;
   const n = Number(count);
   expect(r.spreads.has(chain!)).toBe(true);
   expect(width(r)).toBeGreaterThanOrEqual(n);
   const to = Array.from({ length: n }, (_, i) => set(`endpoints-${i}`).get(key)!.slice(3));
   const masquerade = policy === 'spread' || set('hairpin').has(`${key} . ${client}`);
+  return { to: to.sort(), masquerade };
+}
+
+/** The same, through a ClientIP port's own chains: where a new client can go, and where each remembered one goes back. */
+function affinityVerdict(r: NftRuleset, chain: string, key: string, client: string) {
+  const text = (kind: string, name: string) => r.own.get(`${kind} ${name}`)?.text ?? expect.fail(`${kind} ${name} is missing`);
+  const body = text('chain', chain);
+  const stickies = [...body.matchAll(/goto (sticky-[a-z2-7]{16})/g)].map((m) => m[1]!);
+  const checks = [...body.matchAll(/saddr @(clients-[a-z2-7]{16}) goto (sticky-[a-z2-7]{16});/g)].map((m) => [m[1]!, m[2]!] as const);
+  const to = [...new Set(stickies)].map((s) => {
+    const m = /update @(clients-[a-z2-7]{16}) \{ ip6? saddr \} dnat to \[?([^\]]+?)\]?:(\d+);/.exec(text('chain', s))!;
+    // A known client is sent back through the chain that remembers it there.
+    expect(checks.some(([c, st]) => c === m[1] && st === s), `${s} is checked first`).toBe(true);
+    expect(text('set', m[1]!)).toMatch(/flags dynamic,timeout; timeout \d+s;/);
+    return `${m[2]} . ${m[3]}`;
+  });
+  expect(body.startsWith(`\tchain ${chain} { `)).toBe(true);
+  const masquerade = !body.includes('@hairpin') || r.sets.get('hairpin')!.has(`${key} . ${client}`);
   return { to: to.sort(), masquerade };
 }
 
@@ -59,9 +79,12 @@ describe('renderNft', () => {
           // Nothing beyond the model's frontends, and a chain only for endpoint counts in use.
           const keys = new Set(m[family].ports.flatMap((p) => p.frontends.map((f) => `${f.address} . ${PROTO[p.protocol]} . ${f.port}`)));
           for (const name of ['services', 'no-endpoints', 'restricted']) for (const k of r.sets.get(name)!.keys()) expect(keys.has(k)).toBe(true);
+          // Own chains only for ports with affinity: one, and one per endpoint.
+          const sticky = m[family].ports.filter((p) => p.endpoints.length > 0 && p.affinity > 0);
+          expect([...r.own.values()].filter((o) => o.kind === 'chain').length).toBe(sticky.reduce((n, p) => n + 1 + p.endpoints.length, 0));
           // A map per endpoint index, up to the largest count.
           expect([...r.sets.keys()].filter((s) => s.startsWith('endpoints-')).sort()).toEqual(Array.from({ length: width(r) }, (_, i) => `endpoints-${i}`).sort());
-          expect([...r.spreads.keys()].sort()).toEqual([...new Set(m[family].ports.filter((p) => p.endpoints.length > 0).map((p) => spreadName(p.endpoints.length, p.masquerade)))].sort());
+          expect([...r.spreads.keys()].sort()).toEqual([...new Set(m[family].ports.filter((p) => p.endpoints.length > 0 && p.affinity === 0).map((p) => spreadName(p.endpoints.length, p.masquerade)))].sort());
         }
       }),
       { numRuns: 200 },
@@ -76,11 +99,25 @@ describe('renderNft', () => {
 });
 
 describe('NftRenderer', () => {
-  const copy = (r: NftRuleset): NftRuleset => ({ ...r, sets: new Map([...r.sets].map(([s, items]) => [s, new Map(items)])), spreads: new Map(r.spreads) });
+  const copy = (r: NftRuleset): NftRuleset => ({ ...r, sets: new Map([...r.sets].map(([s, items]) => [s, new Map(items)])), spreads: new Map(r.spreads), own: new Map(r.own) });
   /** Applies a delta's commands to a copy of `prev`, as the kernel would, refusing what the kernel would refuse. */
   function applied(prev: NftRuleset, delta: string): NftRuleset {
     const out = copy(prev);
+    const flushed = new Set<string>();
     for (const line of delta.split('\n')) {
+      let o = /^flush chain ip6? pier (\S+)$/.exec(line);
+      if (o) {
+        expect(out.own.has(`chain ${o[1]}`), line).toBe(true);
+        flushed.add(`chain ${o[1]}`);
+      }
+      o = /^\t(set|chain) ((?:clients|sticky|affinity)-\S+) \{/.exec(line);
+      if (o) {
+        const k = `${o[1]} ${o[2]}`;
+        expect(out.own.has(k) && !flushed.has(k), line).toBe(false);
+        out.own.set(k, { ...(out.own.get(k) ?? { kind: o[1] as 'set' | 'chain', name: o[2]!, rules: 0, order: 0 }), text: `${line}\n` });
+      }
+      o = /^delete (set|chain) ip6? pier ((?:clients|sticky|affinity)-\S+)$/.exec(line);
+      if (o) expect(out.own.delete(`${o[1]} ${o[2]}`), line).toBe(true);
       let m = /^\tmap (endpoints-\d+) \{/.exec(line);
       if (m) {
         expect(out.sets.has(m[1]!), line).toBe(false);
@@ -108,12 +145,16 @@ describe('NftRenderer', () => {
       m = /^delete chain ip6? pier ((?:spread|local)-\d+)$/.exec(line);
       if (m) out.spreads.delete(m[1]!);
     }
+    // Nothing names an own chain or set that is gone.
+    const named = [...out.sets.get('services')!.values(), ...[...out.own.values()].map((x) => x.text)].flatMap((t) => [...t.matchAll(/(?:goto |@)((?:clients|sticky|affinity)-[a-z2-7]{16})/g)].map((x) => x[1]!));
+    for (const n of named) expect(out.own.has(`chain ${n}`) || out.own.has(`set ${n}`), `${n} exists`).toBe(true);
     return out;
   }
   const sameSets = (a: NftRuleset, b: NftRuleset) => {
     expect([...a.sets.keys()].sort()).toEqual([...b.sets.keys()].sort());
     for (const [s, items] of b.sets) expect([...a.sets.get(s)!].sort(), s).toEqual([...items].sort());
     expect([...a.spreads.keys()].sort()).toEqual([...b.spreads.keys()].sort());
+    expect(new Map([...a.own].map(([k, o]) => [k, o.text]))).toEqual(new Map([...b.own].map(([k, o]) => [k, o.text])));
   };
 
   it('carries from one model to the next exactly the difference, ends where a new renderer starts, and says nothing when nothing changed', () => {

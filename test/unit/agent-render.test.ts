@@ -6,7 +6,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel, parseAddress, parseCidr, type FamilyModel, type ServedPort } from '../../agent/model.ts';
-import { ACCEPT_CHAIN, CANARY_CHAIN, CANARY_RULE, chainName, MAX_CHAIN_NAME, probability, renderRuleset, saveString, TABLES, type Ruleset } from '../../agent/render.ts';
+import { ACCEPT_CHAIN, affinityListName, CANARY_CHAIN, CANARY_RULE, chainName, MAX_CHAIN_NAME, probability, renderRuleset, saveString, TABLES, type Ruleset } from '../../agent/render.ts';
 import { CLIENT, MARKS, PROTO_NUMBERS, corrupt, corruptionArb, destinations, dnatText, toInput, walk, worldArb, type Packet, type World } from './agent-fixtures.ts';
 
 const render = (m: FamilyModel) => renderRuleset(m, { marks: MARKS });
@@ -20,6 +20,7 @@ function served(over: Partial<ServedPort> & { key: string }): ServedPort {
     sourceRanges: [],
     restrictSources: false,
     masquerade: true,
+    affinity: 0,
     ...over,
   };
 }
@@ -73,6 +74,11 @@ function checkBehaviour(m: FamilyModel, r: Ruleset): void {
       expect(reached.map((d) => d.to).sort(), what).toEqual(p.endpoints.map((e) => dnatText(e.address, e.port)).sort());
       expect(reached.every((d) => d.marked === p.masquerade), `${what}: marked iff masquerade`).toBe(true);
       for (const d of reached) expect(Math.abs(d.chance - 1 / p.endpoints.length), `${what}: even spread`).toBeLessThan(1e-6);
+      // ClientIP affinity: a client one endpoint's list remembers goes there, without a draw.
+      for (const e of p.endpoints) {
+        const back = destinations(nat, { ...newConnection(p, f, client), remembered: new Set([affinityListName(p, e)]) });
+        expect(back.map((d) => d.to), `${what}: a client ${e.address} remembers`).toEqual(p.affinity > 0 ? [dnatText(e.address, e.port)] : reached.map((d) => d.to));
+      }
       if (!p.masquerade) {
         // Hairpin: a pod reaching itself through the frontend is masqueraded.
         for (const e of p.endpoints) {
@@ -207,6 +213,27 @@ describe('renderRuleset examples', () => {
     ]);
   });
 
+  it('keeps a ClientIP client on its endpoint: a recent list per endpoint, checked before the spread', () => {
+    const endpoints = [1, 2].map((i) => ({ address: `198.18.0.${i}`, port: 8080, local: false }));
+    const p = served({ key: 'ipv4/shop/web/http/TCP', endpoints, affinity: 600 });
+    const [a, b] = endpoints.map((e) => affinityListName(p, e));
+    expect(a).toMatch(/^PIER-AFF-[A-Z2-7]{16}$/);
+    // Five rules: more than sit in the tree's root, so in a range chain, which matches no address.
+    const head = '-p tcp -m tcp --dport 80';
+    const mask = '--mask 255.255.255.255 --rsource';
+    expect([...render({ family: 'ipv4', ports: [p] }).tables.nat.chains.values()].flat().filter((x) => x.startsWith(head))).toEqual([
+      `${head} -j CONNMARK --set-xmark 0x3000/0x3000`,
+      `${head} -m recent --update --seconds 600 --reap --name ${a} ${mask} -j DNAT --to-destination 198.18.0.1:8080`,
+      `${head} -m recent --update --seconds 600 --reap --name ${b} ${mask} -j DNAT --to-destination 198.18.0.2:8080`,
+      `${head} -m statistic --mode random --probability 0.50000000000 -m recent --set --name ${a} ${mask} -j DNAT --to-destination 198.18.0.1:8080`,
+      `${head} -m recent --set --name ${b} ${mask} -j DNAT --to-destination 198.18.0.2:8080`,
+    ]);
+    const v6 = served({ key: 'ipv6/shop/web/http/TCP', frontends: [{ address: '2001:db8::11', port: 80 }], endpoints: [{ address: '2001:db8:1::1', port: 8080, local: true }], affinity: 10800 });
+    expect(render({ family: 'ipv6', ports: [v6] }).tables.nat.chains.get('PIER-SERVICES')![2]).toBe(
+      `-d 2001:db8::11/128 -p tcp -m tcp --dport 80 -m recent --set --name ${affinityListName(v6, v6.endpoints[0]!)} --mask ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff --rsource -j DNAT --to-destination [2001:db8:1::1]:8080`,
+    );
+  });
+
   it('gives a port with many endpoints its own PIER-SVC chain', () => {
     const endpoints = Array.from({ length: 12 }, (_, i) => ({ address: `198.18.0.${i + 1}`, port: 8080, local: false }));
     const r = render({ family: 'ipv4', ports: [served({ key: 'ipv4/shop/web/http/TCP', endpoints })] });
@@ -280,6 +307,9 @@ describe('renderRuleset properties', () => {
           const r = render(m);
           checkStructure(r);
           checkBehaviour(m, r);
+          // A port without affinity pays nothing for it.
+          const recent = TABLES.some((t) => [...r.tables[t].chains.values()].some((rules) => rules.some((x) => x.includes('-m recent'))));
+          expect(recent).toBe(m.ports.some((p) => p.affinity > 0 && p.endpoints.length > 0));
         }
       }),
       { numRuns: 200 },

@@ -60,6 +60,7 @@ const parts = [
   // An endpoint on the host network: the node's own address.
   service('host', 89, [{ v4: N1.v4, v6: N1.v6, node: 'n1' }], { loadBalancerSourceRanges: ['203.0.113.0/24'] }),
   // Ten endpoints: their rules move to a PIER-SVC- chain of the port's own.
+  service('sticky', 91, pods, { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 600 } } }),
   service('big', 90, Array.from({ length: 10 }, (_, i) => ({ v4: `198.18.3.${i + 1}`, v6: `2001:db8:1:3::${i + 1}`, node: 'n2' }))),
 ];
 
@@ -185,6 +186,15 @@ describe('trace', () => {
     const outside = trace(world, tcp(OUTSIDE, N1.v4, 89));
     expect(outside.outcome).toBe('dropped');
     expect(outside.reason).toMatch(/dropped in PIER-SRCS-[A-Z2-7]{16} \(from PIER-SOURCES\)/);
+  });
+
+  it('ClientIP affinity: a new client is spread as usual, and the text says a returning one goes back', () => {
+    const v = trace(world, tcp(OUTSIDE, N1.v4, 91));
+    expect(v.affinity).toBe(600);
+    expect(v.endpoints.map((e) => e.probability.toFixed(3))).toEqual(['0.333', '0.333', '0.333']);
+    expect(v.endpoints.every((e) => e.hops.some((h) => / -m recent --set --name PIER-AFF-\S+ .* -j DNAT /.test(h.rule)))).toBe(true);
+    expect(verdictText(v)).toContain('session affinity ClientIP: a client seen within 600 s goes back to the endpoint it used last');
+    expect(trace(world, tcp(OUTSIDE, N1.v4, 80)).affinity).toBeUndefined();
   });
 
   it('no endpoints: REJECT in PIER-NOENDPOINTS', () => {

@@ -140,7 +140,7 @@ describe('slim projections keep what the agent reads', () => {
         {
           name: 'web', namespace: 'shop', cls: CLASS, local: false, ports: [{ name: 'http', protocol: 'TCP', port: 80, targetPort: 8080 }],
           ingress: [NODE_V4[0]!], errors: [[false]], external: [80], ranges: [], rangesInAnnotation: false,
-          endpoints: [{ v6: false, host: 5, node: NODE, ready: true, serving: true, terminating: false }], slices: 1, created: 0,
+          endpoints: [{ v6: false, host: 5, node: NODE, ready: true, serving: true, terminating: false }], slices: 1, created: 0, affinity: undefined,
         },
       ],
     };
