@@ -5,7 +5,7 @@ import type { Family } from '../lib/contract.ts';
 import { silentLogger, type Logger } from '../lib/log.ts';
 import { IptablesError, type Runner, type RunResult } from './iptables.ts';
 import type { AgentMetrics } from './metrics.ts';
-import { createScript, elementScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
+import { carriedClients, createScript, elementScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
 import { firstLines, NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
 import type { ApplyMode } from './applier.ts';
 
@@ -144,7 +144,7 @@ export class NftApplier {
     // is then off a cold sync's path (bench:agent, "nftables ... cold sync").
     let give: (script: string) => void = () => {};
     const started = this.nft(new Promise<string>((resolve) => (give = resolve)));
-    const payload = nftScript(u.state);
+    const payload = nftScript(u.state) + (await this.remembered(u.state));
     give(payload);
     await started;
     return payload.length;
@@ -178,6 +178,19 @@ export class NftApplier {
       return false;
     }
     return made.length + elements.reduce((n, e) => n + e.length, 0);
+  }
+
+  /** The clients the table in the kernel remembers for `state`'s affinity sets (carriedClients); '' when it has none, or there is no table. */
+  private async remembered(state: NftRuleset): Promise<string> {
+    if (![...state.own.values()].some((o) => o.kind === 'set')) return '';
+    const r = await this.run('nft', ['-j', 'list', 'table', NFT_FAMILY[this.family], NFT_TABLE]);
+    if (r.exitCode !== 0) return '';
+    try {
+      return carriedClients(r.stdout, state);
+    } catch (err) {
+      this.log.warn({ err: (err as Error).message }, "reading the clients pier's nftables table remembers failed; session affinity starts afresh");
+      return '';
+    }
   }
 
   /** The differences between pier's table in the kernel and `state`; a missing table is one. */

@@ -526,6 +526,32 @@ function tableBlock(r: NftRuleset): string {
   return `${out}}\n`;
 }
 
+/**
+ * What `state`'s affinity sets held in the table about to be replaced
+ * (`listJson`, from `nft -j list table`), as elements keeping what was left
+ * of their timeouts: replacing the table whole (an agent's restart, drift)
+ * deletes it, and with it the clients the packet path remembered. '' when
+ * there is nothing to carry.
+ */
+export function carriedClients(listJson: string, state: NftRuleset): string {
+  const want = new Set<string>();
+  for (const o of state.own.values()) if (o.kind === 'set') want.add(o.name);
+  if (want.size === 0) return '';
+  const t = `${NFT_FAMILY[state.family]} ${NFT_TABLE}`;
+  let out = '';
+  const items = (JSON.parse(listJson) as { nftables: { set?: { name: string; elem?: unknown[] } }[] }).nftables;
+  for (const { set } of items) {
+    if (!set || !want.has(set.name)) continue;
+    const kept: string[] = [];
+    for (const e of set.elem ?? []) {
+      const el = (e as { elem?: { val?: unknown; expires?: unknown } }).elem;
+      if (typeof el?.val === 'string' && typeof el.expires === 'number' && el.expires > 0) kept.push(`${el.val} expires ${el.expires}s`);
+    }
+    if (kept.length > 0) out += `add element ${t} ${set.name} { ${kept.join(', ')} }\n`;
+  }
+  return out;
+}
+
 /** The table made where none is, with no element: fails if a table is there. */
 export function createScript(r: NftRuleset): string {
   // A table takes its comment when it is made: in the block after, it would be ignored.

@@ -40,11 +40,13 @@ const DNAT_ACCEPT = ['-I', 'FORWARD', '1', '-m', 'conntrack', '--ctstate', 'DNAT
  * `nft list table` as comparable text: the kernel lists a hash set's
  * elements in hash order and chains in the order they were added (a full
  * write and a history of small changes differ there), so elements and
- * chains are sorted; handles and counters are dropped.
+ * chains are sorted; handles and counters are dropped, and so are the
+ * clients the packet path put into affinity sets (they expire).
  */
 function normaliseNft(text: string): string {
   const flat = text
     .replace(/,\n\s*/g, ', ')
+    .replace(/\n\t\telements = \{[^}]* expires [^}]*\}/g, '')
     .replace(/ # handle \d+/g, '')
     .replace(/counter packets \d+ bytes \d+/g, 'counter')
     .replace(/\{ ([^{}\n]*) \}/g, (_, items: string) => `{ ${items.split(', ').sort().join(', ')} }`);
@@ -270,13 +272,13 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
   });
 
   it('session affinity ClientIP: each client sticks to one pod, TCP and UDP, v4 and v6, Cluster and Local, switched live', async () => {
-    const ports: LabServicePort[] = [{ name: 'http', port: 84 }, { name: 'dns', port: 54, protocol: 'UDP' }];
+    const ports: LabServicePort[] = [{ name: 'http', port: 94 }, { name: 'dns', port: 95, protocol: 'UDP' }];
     const sticky = { sessionAffinity: 'ClientIP', sessionAffinityConfig: { clientIP: { timeoutSeconds: 300 } } };
     await createService('sticky', ports, lab.pods, sticky);
     const patch = (spec: object) => core.patchNamespacedService({ name: 'sticky', namespace: NS, body: { spec } }, mergePatch);
     /** Per client, the pods that answered 20 connections to each node address; every connection must be answered. */
     const seen = async (family: 'v4' | 'v6', proto: 'tcp' | 'udp', n: LabNode) => {
-      const port = proto === 'tcp' ? 84 : 54;
+      const port = proto === 'tcp' ? 94 : 95;
       await probeUntilOk(client(0), n[family], port, proto);
       const out: Set<string>[] = [];
       for (const c of [0, 1]) {
@@ -307,8 +309,15 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
     await patch({ ...sticky, externalTrafficPolicy: 'Local' });
     await eventually('affinity on', async () => (await seen('v4', 'tcp', lab.nodes[0]!)).every((p) => p.size === 1));
     await sticks(true);
-    // The pod a client sticks to leaves: the client moves to another, and sticks there.
+    // An agent restart (its first sync rewrites every rule) forgets no client.
     const n1 = lab.nodes[0]!;
+    const remembered = await Promise.all((['v4', 'v6'] as const).map((f) => seen(f, 'tcp', n1)));
+    agents.get(n1.name)!.kill('SIGKILL');
+    await agents.get(n1.name)!.catch(() => undefined);
+    startAgent(n1);
+    await ready(n1);
+    expect(await Promise.all((['v4', 'v6'] as const).map((f) => seen(f, 'tcp', n1))), 'after the agent restarted').toEqual(remembered);
+    // The pod a client sticks to leaves: the client moves to another, and sticks there.
     const [before] = await seen('v4', 'tcp', n1);
     const left = lab.pods.filter((p) => p.name !== [...before!][0]);
     for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {

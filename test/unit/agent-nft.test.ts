@@ -6,7 +6,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { buildModel, parseAddress, parseCidr, type ServedPort } from '../../agent/model.ts';
-import { emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, spreadName, width, type NftRuleset } from '../../agent/nft.ts';
+import { carriedClients, emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, spreadName, width, type NftRuleset } from '../../agent/nft.ts';
 import { MARKS, toInput, worldArb } from './agent-fixtures.ts';
 
 const PROTO = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' } as const;
@@ -192,6 +192,27 @@ describe('NftRenderer', () => {
   it('writes a whole table that replaces the old one in the same transaction', () => {
     const r = renderNft(buildModel(toInput(fc.sample(worldArb, { numRuns: 1, seed: 3 })[0]!)).ipv4, MARKS.masquerade);
     expect(nftScript(r).split('\n').slice(0, 3)).toEqual(['add table ip pier', 'delete table ip pier', 'table ip pier {']);
+  });
+});
+
+describe('carriedClients', () => {
+  it('carries the remembered clients of the affinity sets still wanted, with what is left of their timeouts', () => {
+    const port: ServedPort = {
+      key: 'ipv4/shop/web/http/TCP', comment: 'shop/web:http', protocol: 'TCP', frontends: [{ address: '192.0.2.11', port: 80 }],
+      endpoints: [{ address: '198.18.0.1', port: 8080, local: true }], sourceRanges: [], restrictSources: false, masquerade: true, affinity: 600,
+    };
+    const r = renderNft({ family: 'ipv4', ports: [port] }, MARKS.masquerade);
+    const [set] = [...r.own.values()].filter((o) => o.kind === 'set').map((o) => o.name);
+    const listed = JSON.stringify({
+      nftables: [
+        { metainfo: { version: '1.0.6' } },
+        { set: { family: 'ip', name: set, table: 'pier', type: 'ipv4_addr', elem: [{ elem: { val: '198.51.100.1', expires: 99 } }, { elem: { val: '198.51.100.2', expires: 0 } }] } },
+        { set: { family: 'ip', name: 'clients-gone', table: 'pier', type: 'ipv4_addr', elem: [{ elem: { val: '198.51.100.3', expires: 50 } }] } },
+        { map: { family: 'ip', name: 'services', table: 'pier', elem: [] } },
+      ],
+    });
+    expect(carriedClients(listed, r)).toBe(`add element ip pier ${set} { 198.51.100.1 expires 99s }\n`);
+    expect(carriedClients(listed, renderNft({ family: 'ipv4', ports: [{ ...port, affinity: 0 }] }, MARKS.masquerade))).toBe('');
   });
 });
 
