@@ -72,6 +72,59 @@ describe('controller and agents together', () => {
     }
   });
 
+  it('Local: addresses before any pod (refused at once), kept by a draining pod through a rolling update, kept when scaled to 0', async () => {
+    const [n1, n2] = lab.nodes as [(typeof lab.nodes)[0], (typeof lab.nodes)[0]];
+    const [p1, p2] = [n1.pods[0]!, n2.pods[0]!];
+    const port = 90;
+    await core.createNamespacedService({
+      namespace: NS,
+      body: lbService(NS, 'roll', [{ name: 'http', port, targetPort: ECHO_PORT }], { externalTrafficPolicy: 'Local', ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6'] }),
+    });
+    type Ep = { pod: typeof p1; ready: boolean; serving: boolean; terminating: boolean };
+    const slices = async (eps: Ep[]) => {
+      for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {
+        const body = endpointSlice(NS, 'roll', type, eps.map((e) => ({ address: e.pod[family], nodeName: e.pod.node, ready: e.ready, serving: e.serving, terminating: e.terminating })), [{ name: 'http', port: ECHO_PORT }]);
+        await discovery.replaceNamespacedEndpointSlice({ name: body.metadata!.name!, namespace: NS, body }).catch(() => discovery.createNamespacedEndpointSlice({ namespace: NS, body }));
+      }
+    };
+    const status = async () => {
+      const svc = await core.readNamespacedService({ name: 'roll', namespace: NS });
+      const ready = svc.status?.conditions?.find((c) => c.type === 'pier.dev/Ready');
+      return { ips: (svc.status?.loadBalancer?.ingress ?? []).map((i) => i.ip!).sort(), reason: ready?.reason };
+    };
+    const on = (...nodes: (typeof n1)[]) => nodes.flatMap((n) => [n.v4, n.v6]).sort();
+    const statusIs = (what: string, want: { ips: string[]; reason: string }) => eventually(what, async () => JSON.stringify(await status()) === JSON.stringify(want), { timeoutMs: 30_000 });
+
+    // No pod yet: every eligible node's address, refusing at once rather than <pending>.
+    await statusIs('addresses without endpoints', { ips: on(n1, n2), reason: 'NoEndpoints' });
+    await eventually('refused on n1', async () => (await lab.probe(lab.clients[0]!, n1.v4, port, { timeoutMs: 1000 }))[0]!.error === 'ECONNREFUSED');
+    // A pod on n1: only n1, answered there.
+    await slices([{ pod: p1, ready: true, serving: true, terminating: false }]);
+    await statusIs('n1 only', { ips: on(n1), reason: 'Serving' });
+    await eventually('answered on n1', async () => (await lab.probe(lab.clients[0]!, n1.v4, port, { timeoutMs: 1000 }))[0]!.reply?.pod === p1.name);
+
+    // A rolling update under a steady client: n1's pod drains (terminating,
+    // still serving) while the new one starts on n2; n1 keeps its address and
+    // its pod answers until it is gone.
+    const steady = Promise.all(['v4', 'v6'].map((f) => lab.probe(lab.clients[0]!, n1[f as 'v4' | 'v6'], port, { count: 60, intervalMs: 50, timeoutMs: 1000 })));
+    await slices([{ pod: p1, ready: false, serving: true, terminating: true }]);
+    await new Promise((r) => setTimeout(r, 1000));
+    expect(await status()).toEqual({ ips: on(n1), reason: 'Serving' });
+    await slices([{ pod: p1, ready: false, serving: true, terminating: true }, { pod: p2, ready: true, serving: true, terminating: false }]);
+    await statusIs('n1 draining, n2 ready', { ips: on(n1, n2), reason: 'Serving' });
+    const results = (await steady).flat();
+    expect(results.filter((r) => !r.ok).map((r) => `${r.error} after ${r.ms} ms`)).toEqual([]);
+    expect(new Set(results.map((r) => r.reply!.pod))).toEqual(new Set([p1.name]));
+    // The old pod gone: n2 only.
+    await slices([{ pod: p2, ready: true, serving: true, terminating: false }]);
+    await statusIs('n2 only', { ips: on(n2), reason: 'Serving' });
+
+    // Scaled to 0: the addresses stay (every eligible node, refusing), not <pending>.
+    await slices([]);
+    await statusIs('scaled to 0', { ips: on(n1, n2), reason: 'NoEndpoints' });
+    await eventually('refused on n2', async () => (await lab.probe(lab.clients[0]!, n2.v6, port, { timeoutMs: 1000 }))[0]!.error === 'ECONNREFUSED');
+  });
+
   it(`measures create -> first answered connection over ${MEASURED} Services with ${BACKGROUND} others present`, async () => {
     const fleet = new Fleet(cp.admin);
 
