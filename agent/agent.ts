@@ -3,6 +3,7 @@
 // render.ts) and applies them (applier.ts); reports what it can do in its
 // Lease, in Events and in metrics. Rules stay in place when it stops.
 import type { KubeConfig, V1Node, V1ObjectReference, V1Service } from '@kubernetes/client-node';
+import { addressInfo } from '../lib/address.ts';
 import { endpointSliceInformer, nodeInformer, serviceInformer } from '../lib/collections.ts';
 import { Coalescer } from '../lib/coalescer.ts';
 import * as contract from '../lib/contract.ts';
@@ -71,6 +72,17 @@ export interface AgentDeps {
   procSys?: string;
 }
 
+/**
+ * awaitControllerAnswer: how long the Services naming this node must stay
+ * unchanged after the renewal before the controller's answer counts as
+ * complete (it answers a Lease change with one allocation, at most every
+ * 200 ms, and a status write per Service: ~0.15 s in the lab); and how
+ * little a Lease may have left to count as run out (the controller may drop
+ * the node before it sees the renewal).
+ */
+const ANSWER_SETTLE_MS = 2000;
+const RUN_OUT_MARGIN_MS = 1000;
+
 /** First and longest wait before a failed conntrack clean-up is tried again. */
 const FLOW_RETRY_MS = 1000;
 const FLOW_RETRY_MAX_MS = 30_000;
@@ -119,6 +131,9 @@ export class Agent {
   private syncs = 0;
   /** Every cache holds its first list; before that a sync would render (and apply) a partial cluster. */
   private cachesSynced = false;
+  /** While the first sync waits for the controller (awaitControllerAnswer): this node's addresses, and when a Service naming one last changed. */
+  private answer: { addresses: Set<string>; at: number } | undefined;
+  private stopped = false;
   private readyDetail = 'no successful sync yet';
   ready = false;
 
@@ -189,6 +204,10 @@ export class Agent {
       if (this.cachesSynced) this.coalescer.request({ verify: false });
     };
     this.services.onChange(onChange);
+    this.services.onChange((svc, event) => {
+      const a = this.answer;
+      if (a && event !== 'delete' && (svc.status?.loadBalancer?.ingress ?? []).some((i) => a.addresses.has(addressInfo(i.ip)?.text ?? ''))) a.at = performance.now();
+    });
     this.slices.onChange(onChange);
     this.nodes.onChange(onChange);
     // The first sync's iptables-save is read, its iptables-restore started,
@@ -219,6 +238,8 @@ export class Agent {
           });
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
+    await this.awaitControllerAnswer();
+    if (this.stopped) return;
     this.cachesSynced = true;
     const iptables = this.ruleBackend === 'iptables' ? { iptablesBackend: this.backend, iptablesBackendReason: this.backendReason } : {};
     this.log.info({ backend: this.ruleBackend, backendReason: this.ruleBackendReason, ...iptables, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
@@ -234,6 +255,7 @@ export class Agent {
 
   /** Stops watching and reporting. The rules stay: traffic keeps flowing through an upgrade. */
   async stop(): Promise<void> {
+    this.stopped = true;
     clearInterval(this.resyncTimer);
     clearTimeout(this.flowRetry.timer);
     await this.coalescer.stop();
@@ -241,6 +263,43 @@ export class Agent {
     await Promise.all([this.services.stop(), this.slices.stop(), this.nodes.stop()]);
     await this.lease?.stop();
     await this.health?.close();
+  }
+
+  /**
+   * Issue 27. When this node's Lease had run out before this agent renewed
+   * it (the kubelet's back-off after crashes, a reboot with the rules
+   * restored), the controller has withdrawn the node from the statuses
+   * while the rules the last agent left still serve it, and lists it again
+   * once it sees the renewal. A first sync from the statuses before that
+   * deletes those rules, and the node refuses connections until the
+   * controller's answer brings them back (~0.25 s). So the rules in place
+   * stay until the Services naming this node have been quiet for
+   * ANSWER_SETTLE_MS after the renewal (at most a Lease duration); what the
+   * controller did not list again then goes. A fresh Lease (a restart at
+   * once, a rolling update) or none (a new node) waits for nothing.
+   */
+  private async awaitControllerAnswer(): Promise<void> {
+    const lease = this.lease;
+    if (!lease) return;
+    const maxMs = this.cfg.leaseDurationSeconds * 1000;
+    let timer: NodeJS.Timeout | undefined;
+    const first = await Promise.race([lease.firstRenewal, new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), maxMs)))]);
+    clearTimeout(timer);
+    if (!first || !first.existed || first.remainingMs >= RUN_OUT_MARGIN_MS) return;
+    const node = this.nodes.get(this.cfg.nodeName);
+    const addresses = new Set((node ? nodeAddresses(node) : []).map((a) => addressInfo(a)?.text ?? a));
+    const answer = (this.answer = { addresses, at: first.at });
+    this.readyDetail = 'waiting for the controller to list this node again; keeping the rules in place';
+    const leftMs = Number.isFinite(first.remainingMs) ? Math.round(first.remainingMs) : undefined;
+    this.log.info({ leaseLeftMs: leftMs, settleMs: ANSWER_SETTLE_MS, maxMs }, "this node's Lease had run out when this agent renewed it, so the controller may have withdrawn the node: the rules in place stay until it has answered the renewal");
+    while (!this.stopped) {
+      const until = Math.min(answer.at + ANSWER_SETTLE_MS, first.at + maxMs);
+      const wait = until - performance.now();
+      if (wait <= 0) break;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(wait, 100)));
+    }
+    this.answer = undefined;
+    this.log.info({ waitedMs: Math.round(performance.now() - first.at), answered: answer.at > first.at }, 'the first sync follows the controller\'s answer');
   }
 
   /** The rule backend and, for iptables, its flavour: chosen once, before the first applier exists. */

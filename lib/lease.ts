@@ -25,7 +25,24 @@ export function apiStatus(err: unknown): number | undefined {
   return typeof code === 'number' ? code : undefined;
 }
 
+/** What the first successful renewal found: the Lease as the last holder left it. */
+export interface FirstRenewal {
+  /** performance.now() when the renewal was written. */
+  at: number;
+  /**
+   * How long the Lease found still had to run, in ms, on this host's clock:
+   * negative when it had run out, -Infinity when there was none, another
+   * holder's, or one without a renewTime or duration.
+   */
+  remainingMs: number;
+  /** Whether a Lease of that name existed. */
+  existed: boolean;
+}
+
 export class LeaseRenewer {
+  /** Resolves with the first renewal that succeeds (never when none does). */
+  readonly firstRenewal: Promise<FirstRenewal>;
+  private markFirst!: (r: FirstRenewal) => void;
   private readonly api: CoordinationV1Api;
   private readonly opts: LeaseRenewerOptions;
   private readonly log: Logger;
@@ -40,6 +57,7 @@ export class LeaseRenewer {
     this.opts = opts;
     this.api = opts.kc.makeApiClient(CoordinationV1Api);
     this.log = (opts.log ?? silentLogger).child({ lease: `${opts.namespace}/${opts.name}` });
+    this.firstRenewal = new Promise((resolve) => (this.markFirst = resolve));
   }
 
   start(): void {
@@ -80,8 +98,10 @@ export class LeaseRenewer {
         if (apiStatus(err) !== 404) throw err;
       }
       const body = this.desired(existing, now);
+      const remainingMs = existing?.spec?.holderIdentity === this.opts.holder ? leaseRemainingMs(existing) : Number.NEGATIVE_INFINITY;
       if (existing) await this.api.replaceNamespacedLease({ name, namespace, body });
       else await this.api.createNamespacedLease({ namespace, body });
+      if (!this.lastRenewal) this.markFirst({ at: performance.now(), remainingMs, existed: existing !== undefined });
       if (this.failures > 0) this.log.info({ failures: this.failures }, 'lease renewed again');
       this.failures = 0;
       this.lastRenewal = now;
@@ -119,10 +139,16 @@ export class LeaseRenewer {
 
 /** Whether a Lease was renewed within its duration, as seen at `now`. */
 export function leaseIsFresh(lease: V1Lease, now: number = Date.now()): boolean {
+  return leaseRemainingMs(lease, now) > 0;
+}
+
+/** How long a Lease has left at `now` by its renewTime and duration (negative once run out); -Infinity without either. */
+export function leaseRemainingMs(lease: V1Lease, now: number = Date.now()): number {
   const renew = lease.spec?.renewTime;
   const duration = lease.spec?.leaseDurationSeconds;
-  if (!renew || !duration) return false;
-  return new Date(renew).getTime() + duration * 1000 > now;
+  if (!renew || !duration) return Number.NEGATIVE_INFINITY;
+  const at = new Date(renew).getTime();
+  return Number.isNaN(at) ? Number.NEGATIVE_INFINITY : at + duration * 1000 - now;
 }
 
 // ---------------------------------------------------------------------------

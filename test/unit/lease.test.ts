@@ -3,7 +3,7 @@
 import type { V1Lease } from '@kubernetes/client-node';
 import { describe, expect, it } from 'vitest';
 
-import { leaseIsFresh, sightLease, sightedFreshUntil, type LeaseSighting, type ObserverView } from '../../lib/lease.ts';
+import { leaseIsFresh, leaseRemainingMs, sightLease, sightedFreshUntil, type LeaseSighting, type ObserverView } from '../../lib/lease.ts';
 
 const lease = (renewTime: string | undefined, seconds: number | undefined = 5): V1Lease => ({
   metadata: { name: 'pier-agent-n1', namespace: 'pier-system' },
@@ -73,5 +73,19 @@ describe('sightedFreshUntil', () => {
     expect(leaseIsFresh(l, hourAhead)).toBe(false);
     const s = sightLease(undefined, l, 50);
     expect(sightedFreshUntil(s, steady, 60) > 60).toBe(true);
+  });
+});
+
+describe('leaseRemainingMs', () => {
+  it('is what a Lease has left by its renewTime and duration, negative once it ran out; leaseIsFresh is it being positive', () => {
+    const at = Date.parse(T1);
+    expect(leaseRemainingMs(lease(T1, 20), at + 5000)).toBe(15_000);
+    expect(leaseRemainingMs(lease(new Date(T1) as never, 20), at + 23_000)).toBe(-3000);
+    expect(leaseIsFresh(lease(T1, 20), at + 19_999)).toBe(true);
+    expect(leaseIsFresh(lease(T1, 20), at + 20_000)).toBe(false);
+  });
+
+  it('is -Infinity without a renewTime or a duration, or with a renewTime that is no time', () => {
+    for (const l of [lease(undefined), lease(T1, 0), lease('yesterday')]) expect(leaseRemainingMs(l, 0)).toBe(Number.NEGATIVE_INFINITY);
   });
 });
