@@ -291,24 +291,24 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
     const eachFrontend = async (check: (family: 'v4' | 'v6', proto: 'tcp' | 'udp', n: LabNode) => Promise<void>) => {
       for (const family of ['v4', 'v6'] as const) for (const proto of ['tcp', 'udp'] as const) for (const n of lab.nodes) await check(family, proto, n);
     };
-    const sticks = (local: boolean) =>
-      eachFrontend(async (family, proto, n) => {
-        for (const pods of await seen(family, proto, n)) {
-          expect(pods.size, `${proto} ${n[family]}: one pod per client`).toBe(1);
-          if (local) expect(n.pods.map((p) => p.name)).toContain([...pods][0]);
-        }
-      });
-    await sticks(false);
-    // Off: every client is spread again (four pods, 20 connections: one pod alone is a 4^-19 chance).
+    /**
+     * Waits until every frontend shows `sticky` (each agent syncs on its
+     * own), then checks each once more: a client that sticks only now and
+     * then must fail.
+     */
+    const settle = async (what: string, sticky: boolean, local = false) => {
+      const ok = (pods: Set<string>[], n: LabNode) =>
+        pods.every((p) => (sticky ? p.size === 1 && (!local || n.pods.some((x) => p.has(x.name))) : p.size > 1));
+      await eachFrontend(async (family, proto, n) => void (await eventually(`${what}: ${proto} ${n[family]}`, async () => ok(await seen(family, proto, n), n), { timeoutMs: 20_000 })));
+      // Without affinity, four pods and 20 connections: one pod alone is a 4^-19 chance.
+      await eachFrontend(async (family, proto, n) => expect(ok(await seen(family, proto, n), n), `${what}: ${proto} ${n[family]}`).toBe(true));
+    };
+    await settle('affinity on', true);
     await patch({ sessionAffinity: 'None', sessionAffinityConfig: null });
-    await eventually('affinity off', async () => (await seen('v4', 'tcp', lab.nodes[0]!))[0]!.size > 1);
-    await eachFrontend(async (family, proto, n) => {
-      for (const pods of await seen(family, proto, n)) expect(pods.size, `${proto} ${n[family]} without affinity`).toBeGreaterThan(1);
-    });
+    await settle('affinity off', false);
     // On again, with Local policy: a client sticks to one of the node's own pods.
     await patch({ ...sticky, externalTrafficPolicy: 'Local' });
-    await eventually('affinity on', async () => (await seen('v4', 'tcp', lab.nodes[0]!)).every((p) => p.size === 1));
-    await sticks(true);
+    await settle('affinity on, Local', true, true);
     // An agent restart (its first sync rewrites every rule) forgets no client.
     const n1 = lab.nodes[0]!;
     const remembered = await Promise.all((['v4', 'v6'] as const).map((f) => seen(f, 'tcp', n1)));
