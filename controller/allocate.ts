@@ -261,9 +261,12 @@ function readNode(node: V1Node, leases: Map<string, V1Lease[]>, isFresh: (l: V1L
 }
 
 
-/** Per Service key and family: the nodes with a serving endpoint. */
-function servingNodes(slices: V1EndpointSlice[]): Map<string, Record<Family, Set<string>>> {
-  const out = new Map<string, Record<Family, Set<string>>>();
+/** Per family, each node with a serving endpoint of a Service, and how many of its endpoints are ready. */
+type Serving = Record<Family, Map<string, number>>;
+
+/** Per Service key: its Serving. */
+function servingNodes(slices: V1EndpointSlice[]): Map<string, Serving> {
+  const out = new Map<string, Serving>();
   for (const slice of slices ?? []) {
     safely(() => {
       const svc = slice?.metadata?.labels?.[SERVICE_NAME_LABEL];
@@ -271,9 +274,10 @@ function servingNodes(slices: V1EndpointSlice[]): Map<string, Record<Family, Set
       if (!svc || !family) return;
       const key = `${slice.metadata?.namespace ?? ''}/${svc}`;
       let entry = out.get(key);
-      if (!entry) out.set(key, (entry = { ipv4: new Set(), ipv6: new Set() }));
+      if (!entry) out.set(key, (entry = { ipv4: new Map(), ipv6: new Map() }));
       for (const ep of slice.endpoints ?? []) {
-        if (typeof ep?.nodeName === 'string' && isServing(ep.conditions)) entry[family].add(ep.nodeName);
+        if (typeof ep?.nodeName !== 'string' || !isServing(ep.conditions)) continue;
+        entry[family].set(ep.nodeName, (entry[family].get(ep.nodeName) ?? 0) + (ep.conditions?.ready !== false ? 1 : 0));
       }
     }, undefined);
   }
@@ -484,8 +488,8 @@ function mappingKey(sp: SpecPort): string {
 const EXCLUSIONS = ['pool', 'notReady', 'excluded', 'noAgent', 'agentStale', 'notForwarding', 'noAddress', 'noEndpoint'] as const;
 export type Exclusion = (typeof EXCLUSIONS)[number];
 
-/** Per family, the only nodes that may serve a Service: set for Local Services (localNodes). */
-type Only = Partial<Record<Family, Set<string>>>;
+/** Per family, the only nodes that may serve a Service, with their ready endpoints: set for Local Services (localNodes). */
+type Only = Partial<Serving>;
 
 /**
  * For a Local Service, per family, the nodes with a serving endpoint of it.
@@ -494,7 +498,7 @@ type Only = Partial<Record<Family, Set<string>>>;
  * addresses Cluster policy would, and the agents refuse connections there,
  * so that it neither shows <pending> nor moves when it scales from 0 to 1.
  */
-function localNodes(request: Pick<ServiceRequest, 'pool' | 'local'>, nodes: NodeView[], serving: Record<Family, Set<string>> | undefined): Only {
+function localNodes(request: Pick<ServiceRequest, 'pool' | 'local'>, nodes: NodeView[], serving: Serving | undefined): Only {
   const only: Only = {};
   if (!request.local || !serving) return only;
   for (const family of ['ipv4', 'ipv6'] as const) {
@@ -560,7 +564,7 @@ function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pi
   }
 }
 
-function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Record<Family, Set<string>> | undefined): void {
+function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Serving | undefined): void {
   const only = localNodes(request, nodes, serving);
   const eligible: Record<Family, NodeView[]> = { ipv4: [], ipv6: [] };
   const tally: Record<Family, Map<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
@@ -610,8 +614,20 @@ function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Re
       }
     }
   }
-  // Families in ipFamilies order, numeric within a family.
-  request.addresses = [...chosen.values()].sort((a, b) => request.families.indexOf(a.family) - request.families.indexOf(b.family) || compareAddresses(a, b));
+  // Families in ipFamilies order; for Local, the node with the most ready
+  // endpoints first (a client that takes the first address reaches the most
+  // pods); numeric otherwise.
+  const ready = new Map<string, number>();
+  for (const family of request.local ? request.families : []) {
+    for (const node of eligible[family]) {
+      const text = node.chosen[family]!.text;
+      ready.set(text, Math.max(ready.get(text) ?? 0, only[family]?.get(node.name) ?? 0));
+    }
+  }
+  const readyAt = (a: Address) => ready.get(a.text) ?? 0;
+  request.addresses = [...chosen.values()].sort(
+    (a, b) => request.families.indexOf(a.family) - request.families.indexOf(b.family) || readyAt(b) - readyAt(a) || compareAddresses(a, b),
+  );
 
   if (!request.local) return;
   request.noEndpoints = request.families.filter((f) => !only[f] && request.addresses.some((a) => a.family === f));

@@ -547,17 +547,27 @@ describe('allocate: properties over generated clusters', () => {
     );
   });
 
-  it('orders ingress by the Service\'s ipFamilies, then numerically', () => {
+  it('orders ingress by the Service\'s ipFamilies, then (Local) the nodes with the most ready endpoints first, then numerically', () => {
     fc.assert(
       fc.property(worldArb, (w) => {
-        const a = allocate(input(w));
+        const i = input(w);
+        const a = allocate(i);
+        const judged = judgeNodes(i);
         for (const s of w.services) {
           const svc = a.services.get(key(s));
           if (!svc) continue;
           const families = familiesOf(s);
-          const ips = svc.ingress.map((i) => i.ip);
+          const ips = svc.ingress.map((x) => x.ip);
           for (const ip of ips) expect(families).toContain(famOf(ip));
-          const sorted = [...ips].sort((x, y) => families.indexOf(famOf(x)) - families.indexOf(famOf(y)) || numeric(x, y));
+          // A node's ready endpoints of the Service, for the address it is advertised by (the most, where nodes share one).
+          const ready = new Map<string, number>();
+          for (const j of judged.get(key(s))!.filter((x) => !x.excluded)) {
+            const ip = chosenAddress(w.nodes.find((n) => n.name === j.node)!, j.family)!;
+            const count = s.local ? s.endpoints.filter((e) => e.node === j.node && e.v6 === (j.family === 'ipv6') && e.ready !== false).length : 0;
+            ready.set(ip, Math.max(ready.get(ip) ?? 0, count));
+          }
+          const readyAt = (ip: string) => ready.get(ip) ?? 0;
+          const sorted = [...ips].sort((x, y) => families.indexOf(famOf(x)) - families.indexOf(famOf(y)) || readyAt(y) - readyAt(x) || numeric(x, y));
           expect(ips).toEqual(sorted);
         }
       }),
@@ -928,6 +938,15 @@ describe('allocate: examples', () => {
       expect(ips(run(nodes, [{ ...web, endpoints: [terminating('n2', true)] }]).get('default/web')!)).toEqual(['192.0.2.2']);
       // `serving` absent: `ready` decides, and false is false.
       expect(ips(run(nodes, [{ ...web, endpoints: [{ node: 'n1', v6: false, ready: true }, { node: 'n2', v6: false, ready: false, terminating: true }] }]).get('default/web')!)).toEqual(['192.0.2.1']);
+    });
+
+    it('lists first the node with the most ready endpoints, a draining one after them', () => {
+      // A client that takes the first address reaches the most pods (upstream's Local affinity specs do).
+      const ready = (n: string): Endpoint => ({ node: n, v6: false, ready: true });
+      const web = svc('web', [tcp(80)], { local: true, endpoints: [ready('n1'), ready('n3'), ready('n3'), terminating('n2', true)] });
+      expect(ips(run(nodes, [web]).get('default/web')!)).toEqual(['192.0.2.3', '192.0.2.1', '192.0.2.2']);
+      // Alike: numeric order.
+      expect(ips(run(nodes, [{ ...web, endpoints: [ready('n3'), ready('n1')] }]).get('default/web')!)).toEqual(['192.0.2.1', '192.0.2.3']);
     });
 
     it('drops a node whose only pod terminates and no longer serves, while another node serves', () => {
