@@ -15,7 +15,7 @@ import type { Logger } from '../lib/log.ts';
 import { slimEndpointSlice, slimNode, slimService } from '../lib/slim.ts';
 import { VERSION } from '../lib/version.ts';
 import { Applier, eachFamily, type ApplyMode } from './applier.ts';
-import { detectBackend } from './backend.ts';
+import { autoRuleBackend, choiceReason, detectBackend } from './backend.ts';
 import { HeadStart } from './headstart.ts';
 import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
 import { NftApplier, findForwardDrops, nftUsable } from './nft-applier.ts';
@@ -39,6 +39,8 @@ export interface AgentConfig {
   backend: 'auto' | RuleBackend;
   /** The iptables flavour, for the iptables backend. */
   iptablesBackend: 'auto' | Backend;
+  /** Where backend and iptablesBackend were set (`--backend`, `PIER_BACKEND`, `the default`), for the log; flags when absent. */
+  setBy?: { backend: string; iptablesBackend: string };
   /** The connection-mark bits pier's rules set (masks, e.g. 0x2000). */
   marks: MarkBits;
   maxPortsPerService: number;
@@ -305,24 +307,29 @@ export class Agent {
   /** The rule backend and, for iptables, its flavour: chosen once, before the first applier exists. */
   private async chooseBackends(runner: Runner): Promise<void> {
     const cfg = this.cfg;
+    const setBy = this.setBy();
     if (cfg.iptablesBackend === 'auto') {
       const choice = await detectBackend(runner);
       this.backend = choice.backend;
-      this.backendReason = choice.reason;
+      this.backendReason = choiceReason(setBy.iptablesBackend, choice.reason);
     } else {
       this.backend = cfg.iptablesBackend;
-      this.backendReason = 'set with --iptables-backend';
+      this.backendReason = choiceReason(setBy.iptablesBackend);
     }
     if (cfg.backend !== 'auto') {
       this.ruleBackend = cfg.backend;
-      this.ruleBackendReason = 'set with --backend';
+      this.ruleBackendReason = choiceReason(setBy.backend);
       return;
     }
-    // iptables stays the default wherever it works; nftables is for hosts without it.
     const xtError = await this.iptablesError('ipv4', runner);
     const nft = xtError ? await nftUsable(runner) : undefined;
-    this.ruleBackend = nft?.ok ? 'nftables' : 'iptables';
-    this.ruleBackendReason = !xtError ? 'iptables works' : nft?.ok ? `iptables does not work (${xtError}); nft does` : `neither works; iptables: ${xtError}`;
+    const auto = autoRuleBackend(xtError, nft);
+    this.ruleBackend = auto.backend;
+    this.ruleBackendReason = choiceReason(setBy.backend, auto.found);
+  }
+
+  private setBy(): { backend: string; iptablesBackend: string } {
+    return this.cfg.setBy ?? { backend: '--backend', iptablesBackend: '--iptables-backend' };
   }
 
   /** Why iptables cannot serve `family` on this host, if it cannot. */
@@ -359,8 +366,10 @@ export class Agent {
       if (cfg.dryRun) {
         // Nothing is run in a dry run; auto prints what the default would write.
         this.ruleBackend = cfg.backend === 'nftables' ? 'nftables' : 'iptables';
-        this.ruleBackendReason = cfg.backend === 'auto' ? 'dry run: the default' : 'set with --backend';
+        this.ruleBackendReason = choiceReason(this.setBy().backend, cfg.backend === 'auto' ? 'a dry run shows iptables' : undefined);
       } else await this.chooseBackends(runner);
+      // A dry run detects no iptables flavour: the label stays empty rather than guess.
+      this.metrics.buildInfo(this.ruleBackend, this.ruleBackend === 'iptables' && !cfg.dryRun ? this.backend : '');
     }
     const nftables = this.ruleBackend === 'nftables';
     const nftError = nftables && !cfg.dryRun ? await nftUsable(runner) : undefined;

@@ -50,3 +50,24 @@ export async function detectBackend(run: Runner): Promise<BackendChoice> {
   const nftAll = (await out('iptables-nft-save', [])) + (await out('ip6tables-nft-save', []));
   return chooseBackend({ nftMangle, legacyAll, nftAll });
 }
+
+/**
+ * Why a backend setting has its value, for the start log: where it was set
+ * (`setBy`: `--backend`, `PIER_BACKEND` or `the default`) and, for auto, what
+ * detection found. An operator reading the log can then find the setting.
+ */
+export function choiceReason(setBy: string, found?: string): string {
+  const how = setBy === 'the default' ? 'the default' : `set with ${setBy}`;
+  return found === undefined ? how : `auto (${how}): ${found}`;
+}
+
+/**
+ * What `--backend auto` takes, from whether iptables' tables work
+ * (`iptablesError`, IPv4's) and, only when they do not, whether nft does:
+ * iptables wherever it works, nftables for hosts without it.
+ */
+export function autoRuleBackend(iptablesError: string | undefined, nft: { ok: true } | { ok: false; error: string } | undefined): { backend: 'iptables' | 'nftables'; found: string } {
+  if (!iptablesError) return { backend: 'iptables', found: 'iptables works' };
+  if (nft?.ok) return { backend: 'nftables', found: `iptables does not work (${iptablesError}); nft does` };
+  return { backend: 'iptables', found: `neither works; iptables: ${iptablesError}` };
+}

@@ -1,12 +1,25 @@
 // The agent's Prometheus metrics. One registry per agent instance so tests
 // can run several in one process.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { VERSION } from '../lib/version.ts';
 
 export function agentMetrics() {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'pier_agent_process_' });
+  // Unprefixed: process_* and nodejs_* are the names every Node.js dashboard and alert queries.
+  collectDefaultMetrics({ register: registry });
+  const buildInfo = new Gauge({
+    name: 'pier_build_info',
+    help: 'Always 1; the labels say which pier runs and which rules it writes (iptables_backend only for the iptables backend).',
+    labelNames: ['version', 'component', 'backend', 'iptables_backend'] as const,
+    registers: [registry],
+  });
   return {
     registry,
+    /** Sets pier_build_info once the backend is chosen (it is, once, before the first sync). */
+    buildInfo: (backend: string, iptablesBackend: string) => {
+      buildInfo.reset();
+      buildInfo.set({ version: VERSION, component: 'agent', backend, iptables_backend: iptablesBackend }, 1);
+    },
     syncDuration: new Histogram({
       name: 'pier_agent_sync_duration_seconds',
       help: 'Time to render and apply one family, by how much was written (noop, partial, full).',

@@ -370,6 +370,16 @@ function append<T>(list: T[], item: T): T[] {
   return list;
 }
 
+/**
+ * How problems, Events and traces name a Service port: by its name, else
+ * (Kubernetes leaves only a Service's single port unnamed) as users write
+ * it, `80/TCP`; its index in spec.ports means nothing to a reader.
+ */
+export function servicePortLabel(sp: V1ServicePort | undefined, index: number): string {
+  if (typeof sp?.name === 'string' && sp.name !== '') return sp.name;
+  return Number.isInteger(sp?.port) ? `${sp!.port}/${sp!.protocol ?? 'TCP'}` : `index ${index}`;
+}
+
 function problem(out: ServiceResult, p: Problem): void {
   out.problems = append(out.problems, p);
 }
@@ -419,7 +429,9 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
   for (let index = 0; index < specPorts.length; index++) {
     const sp = specPorts[index]!;
     const portName = typeof sp?.name === 'string' ? sp.name : '';
-    const portLabel = portName || String(index);
+    // The key names chains (render.ts): it stays the name or index, so that no chain is renamed.
+    const portKey = portName || String(index);
+    const portLabel = servicePortLabel(sp, index);
     const protocol = sp?.protocol ?? 'TCP';
     if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') {
       problem(out, { service, port: portLabel, reason: 'UnsupportedProtocol', message: `Service ${service} port ${portLabel}: protocol ${JSON.stringify(protocol)} is not TCP, UDP or SCTP; the port is not served` });
@@ -427,9 +439,9 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
     }
     const proto: Protocol = protocol;
     if (keys) {
-      const id = `${portLabel}/${proto}`;
+      const id = `${portKey}/${proto}`;
       if (keys.has(id)) {
-        problem(out, { service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portLabel}/${proto} appears twice; only the first is served` });
+        problem(out, { service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portName ? id : portLabel} appears twice; only the first is served` });
         continue;
       }
       keys.add(id);
@@ -475,7 +487,7 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
       insertionSort(frontends, compareFrontends);
       const restrictSources = ranges.restrict && !ranges.open[family];
       const served: ServedPort = {
-        key: [family, '/', service, '/', portLabel, '/', proto].join(''),
+        key: [family, '/', service, '/', portKey, '/', proto].join(''),
         comment,
         protocol: proto,
         frontends,

@@ -1,10 +1,11 @@
 // The `pier trace` command: reads what `pier plan` reads (manifests, with
 // the controller's allocation for Services without a status) or what the
 // agent reads from a live cluster, asks trace.ts, and prints its verdict.
-import type { V1EndpointSlice, V1Node, V1Service } from '@kubernetes/client-node';
+import type { V1EndpointSlice, V1Lease, V1Node, V1Service } from '@kubernetes/client-node';
 import { parseCommand, type CommandSpec } from '../lib/command.ts';
 import type { OptionValue } from '../lib/config.ts';
-import { LOAD_BALANCER_CLASS } from '../lib/contract.ts';
+import { chooseSelection } from '../lib/cluster-settings.ts';
+import { DEFAULT_NAMESPACE, LEADER_LEASE_NAME, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { nodeAddresses } from './agent.ts';
 import { markBitsOf } from './main.ts';
 import { readManifestFiles } from './manifests.ts';
@@ -34,6 +35,7 @@ export const TRACE_SPEC: CommandSpec = {
     { name: 'node', type: 'string', env: null, help: 'the Node whose rules to walk' },
     { name: 'filename', type: 'list', env: null, help: 'manifest file or directory, as for pier plan (repeatable; -f works too); without it, the live cluster' },
     { name: 'kubeconfig', type: 'string', env: null, help: 'without -f: the cluster to read (else $KUBECONFIG, the in-cluster ServiceAccount, ~/.kube/config)' },
+    { name: 'pier-namespace', type: 'string', default: DEFAULT_NAMESPACE, env: 'PIER_NAMESPACE', help: "without -f: pier's namespace, whose controller Lease says whether pier is the default (--default-class given overrides it)" },
     { name: 'from-node', type: 'boolean', default: false, env: null, help: 'the client is a process on the node (assumed when CLIENT is one of its addresses)' },
     { name: 'output', type: 'enum', values: ['text', 'json'], default: 'text', env: null, help: 'text for people, json for scripts (-o works too)' },
     ...PLAN_OPTIONS,
@@ -44,6 +46,8 @@ interface Objects {
   nodes: V1Node[];
   services: V1Service[];
   slices: V1EndpointSlice[];
+  /** From a live cluster: what decides whether a Service without a class is pier's. */
+  defaultClass?: boolean;
 }
 
 export async function runTrace(argv: string[]): Promise<number> {
@@ -77,7 +81,10 @@ export async function runTrace(argv: string[]): Promise<number> {
   const marks = markBitsOf(v);
   if (typeof marks === 'string') return usage(marks);
 
-  const objects = files.length > 0 ? fromManifests(files, nodeName, v) : await fromCluster(v['kubeconfig'] as string | undefined);
+  const objects =
+    files.length > 0
+      ? fromManifests(files, nodeName, v)
+      : await fromCluster(v['kubeconfig'] as string | undefined, v['pier-namespace'] as string, parsed.sources['default-class'] !== 'default' ? (v['default-class'] as boolean) : undefined);
   if (typeof objects === 'number') return objects;
   const node = objects.nodes.find((n) => n.metadata?.name === nodeName);
   if (!node) {
@@ -90,7 +97,7 @@ export async function runTrace(argv: string[]): Promise<number> {
     nodeAddresses: nodeAddresses(node),
     services: objects.services,
     slices: objects.slices,
-    config: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: v['default-class'] as boolean, maxPortsPerService: v['max-ports-per-service'] as number },
+    config: { loadBalancerClass: LOAD_BALANCER_CLASS, defaultClass: objects.defaultClass ?? (v['default-class'] as boolean), maxPortsPerService: v['max-ports-per-service'] as number },
     marks,
   });
   const verdict = trace(world, packet);
@@ -110,16 +117,35 @@ function fromManifests(files: string[], nodeName: string, v: Record<string, Opti
   return { ...manifests, services };
 }
 
-/** The three lists the agent watches, read once. */
-async function fromCluster(kubeconfig: string | undefined): Promise<Objects | number> {
-  const { CoreV1Api, DiscoveryV1Api } = await import('@kubernetes/client-node');
+/** The three lists the agent watches, read once, and whether pier is the default as the controller's Lease says (unless `givenDefaultClass`). */
+async function fromCluster(kubeconfig: string | undefined, pierNamespace: string, givenDefaultClass: boolean | undefined): Promise<Objects | number> {
+  const { CoordinationV1Api, CoreV1Api, DiscoveryV1Api } = await import('@kubernetes/client-node');
   const { loadKubeConfig } = await import('../lib/kube.ts');
+  const { apiStatus } = await import('../lib/lease.ts');
   const { kc } = loadKubeConfig({ kubeconfig });
   const core = kc.makeApiClient(CoreV1Api);
   const discovery = kc.makeApiClient(DiscoveryV1Api);
+  const coordination = kc.makeApiClient(CoordinationV1Api);
+  // The Lease is read only when it decides something; a missing one (404) or one this user may not read is a note, not a failure.
+  const lease: Promise<{ lease?: V1Lease; unreadable?: string }> =
+    givenDefaultClass === undefined
+      ? coordination.readNamespacedLease({ name: LEADER_LEASE_NAME, namespace: pierNamespace }).then(
+          (l) => ({ lease: l }),
+          (err: unknown) => (apiStatus(err) === 404 ? {} : { unreadable: apiStatus(err) ? `HTTP ${apiStatus(err)}` : (err as Error).message.split('\n')[0] }),
+        )
+      : Promise.resolve({});
   try {
-    const [nodes, services, slices] = await Promise.all([core.listNode(), core.listServiceForAllNamespaces(), discovery.listEndpointSliceForAllNamespaces()]);
-    return { nodes: nodes.items, services: services.items, slices: slices.items };
+    const [nodes, services, slices, read] = await Promise.all([core.listNode(), core.listServiceForAllNamespaces(), discovery.listEndpointSliceForAllNamespaces(), lease]);
+    const chosen = chooseSelection({
+      given: givenDefaultClass === undefined ? {} : { defaultClass: givenDefaultClass },
+      defaults: { defaultClass: false, defaultPool: '' },
+      lease: read.lease,
+      leaseRef: `${pierNamespace}/${LEADER_LEASE_NAME}`,
+      unreadable: read.unreadable,
+      needs: ['defaultClass'],
+    });
+    if (chosen.note) process.stderr.write(`pier trace: ${chosen.note}\n`);
+    return { nodes: nodes.items, services: services.items, slices: slices.items, defaultClass: chosen.defaultClass };
   } catch (err) {
     process.stderr.write(`pier trace: cannot list Nodes, Services and EndpointSlices from ${kc.getCurrentCluster()?.server ?? 'the cluster'}: ${(err as Error).message.split('\n')[0]}\n`);
     return 1;

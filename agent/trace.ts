@@ -13,7 +13,7 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import type { Family } from '../lib/contract.ts';
 import { branches, PROTO_NUMBERS, walk, type Hop, type Packet, type WalkResult } from './interp.ts';
-import { isPierService, parseAddress, PROTOCOLS, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServedPort } from './model.ts';
+import { isPierService, parseAddress, PROTOCOLS, servicePortLabel, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServedPort } from './model.ts';
 import { SyncPipeline } from './pipeline.ts';
 import type { MarkBits, Ruleset, TableName } from './render.ts';
 import { jumpTarget } from './restore.ts';
@@ -263,7 +263,7 @@ function claimsOf(world: TraceWorld, address: string, port: number, protocol: Pr
       (ing.ports ?? []).forEach((st, index) => {
         const spec = svc.spec?.ports?.[index];
         if (st?.port !== port || (st.protocol ?? spec?.protocol ?? 'TCP') !== protocol) return;
-        out.push({ svc, id, index, label: spec?.name || String(index), ...(st.error ? { error: st.error } : {}) });
+        out.push({ svc, id, index, label: servicePortLabel(spec, index), ...(st.error ? { error: st.error } : {}) });
       });
     }
   }

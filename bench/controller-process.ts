@@ -129,8 +129,8 @@ export class ControllerProcess {
     return {
       rssBytes: kb('VmRSS'),
       hwmBytes: kb('VmHWM'),
-      heapUsedBytes: gauge('pier_controller_process_nodejs_heap_size_used_bytes'),
-      heapTotalBytes: gauge('pier_controller_process_nodejs_heap_size_total_bytes'),
+      heapUsedBytes: gauge('nodejs_heap_size_used_bytes'),
+      heapTotalBytes: gauge('nodejs_heap_size_total_bytes'),
     };
   }
 

@@ -149,7 +149,7 @@ class Controller {
   async heap(): Promise<{ usedBytes: number; totalBytes: number }> {
     const text = await (await fetch(`http://127.0.0.1:${this.port}/metrics`)).text();
     const gauge = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1] ?? NaN);
-    return { usedBytes: gauge('pier_controller_process_nodejs_heap_size_used_bytes'), totalBytes: gauge('pier_controller_process_nodejs_heap_size_total_bytes') };
+    return { usedBytes: gauge('nodejs_heap_size_used_bytes'), totalBytes: gauge('nodejs_heap_size_total_bytes') };
   }
 
   cpuSeconds(): number {

@@ -8,7 +8,7 @@ import { CoreV1Api, type KubeConfig, type V1Lease, type V1ObjectReference, type 
 
 import { Coalescer } from '../lib/coalescer.ts';
 import { endpointSliceInformer, leaseInformer, nodeInformer, serviceInformer } from '../lib/collections.ts';
-import { LEADER_LEASE_NAME, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, agentLeaseName } from '../lib/contract.ts';
+import { LEADER_DEFAULT_CLASS, LEADER_DEFAULT_POOL, LEADER_LEASE_NAME, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, agentLeaseName } from '../lib/contract.ts';
 import { EventRecorder } from '../lib/events.ts';
 import { startHealthServer } from '../lib/health.ts';
 import type { InformerEvent } from '../lib/informer.ts';
@@ -138,6 +138,14 @@ export class Controller {
         namespace: cfg.namespace,
         name: LEADER_LEASE_NAME,
         ...cfg.leaderElection,
+        // `pier status` and `pier trace` read these: the Lease states what the
+        // running leader uses (a Deployment's args may be stale, overridden by
+        // PIER_* variables, or not pier's manifests), and status already lists
+        // Leases in this namespace with the permissions the README names.
+        annotations: {
+          [LEADER_DEFAULT_CLASS]: String(cfg.allocator.defaultClass),
+          [LEADER_DEFAULT_POOL]: cfg.allocator.defaultPool,
+        },
         onStartedLeading: () => this.startLeading(),
         onStoppedLeading: () => this.stopLeading(),
         onResumed: () => this.viewResumed('the leader-election Lease is written again after failed or hung attempts'),

@@ -1,10 +1,19 @@
 // The controller's Prometheus metrics. One registry per controller instance
 // so tests can run several in one process.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { VERSION } from '../lib/version.ts';
 
 export function controllerMetrics() {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'pier_controller_process_' });
+  // Unprefixed: process_* and nodejs_* are the names every Node.js dashboard and alert queries.
+  collectDefaultMetrics({ register: registry });
+  const buildInfo = new Gauge({
+    name: 'pier_build_info',
+    help: 'Always 1; the labels say which pier runs.',
+    labelNames: ['version', 'component'] as const,
+    registers: [registry],
+  });
+  buildInfo.set({ version: VERSION, component: 'controller' }, 1);
   return {
     registry,
     services: new Gauge({

@@ -6,7 +6,8 @@ import { CoordinationV1Api, CoreV1Api, DiscoveryV1Api, type KubeConfig, type Kub
 
 import { KUBECONFIG_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
 import { formatDuration, type OptionSpec } from '../lib/config.ts';
-import { DEFAULT_NAMESPACE, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
+import { chooseSelection, type ChosenSelection } from '../lib/cluster-settings.ts';
+import { DEFAULT_NAMESPACE, LEADER_LEASE_NAME, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { KubeConfigError, loadKubeConfig, requestOptions } from '../lib/kube.ts';
 import { apiStatus } from '../lib/lease.ts';
 import { defaultAllocatorConfig } from './allocate.ts';
@@ -27,9 +28,9 @@ export const STATUS_SPEC: CommandSpec = {
     { name: 'namespace', type: 'string', env: null, help: "Services of this namespace (-n; default: the kubeconfig context's namespace, else default)" },
     { name: 'all-namespaces', type: 'boolean', default: false, env: null, help: 'Services of every namespace (-A)' },
     { name: 'output', type: 'enum', values: ['table', 'json'], default: 'table', env: null, help: 'a table for people, or JSON for scripts (-o)' },
-    { ...controllerOption('default-class'), help: 'count LoadBalancer Services without a loadBalancerClass as pier\'s (as the controller\'s --default-class)' },
-    { ...controllerOption('default-pool'), help: 'pool of Services and Nodes that name none (as the controller\'s --default-pool)' },
-    { name: 'pier-namespace', type: 'string', default: DEFAULT_NAMESPACE, env: 'PIER_NAMESPACE', help: "pier's namespace, where the agent Leases are (the controller's --namespace)" },
+    { ...controllerOption('default-class'), help: "count LoadBalancer Services without a loadBalancerClass as pier's (default: as the controller's Lease says)" },
+    { ...controllerOption('default-pool'), help: "pool of Services and Nodes that name none (default: as the controller's Lease says)" },
+    { name: 'pier-namespace', type: 'string', default: DEFAULT_NAMESPACE, env: 'PIER_NAMESPACE', help: "pier's namespace, where the agent Leases and the controller's Lease are (the controller's --namespace)" },
     { name: 'request-timeout', type: 'duration', default: 30_000, min: 100, env: null, help: 'give up on an API request after this long' },
   ],
 };
@@ -57,19 +58,29 @@ export async function runStatus(argv: string[], env = process.env): Promise<numb
   if (typeof parsed === 'number') return parsed;
   const v = parsed.values;
   let input: StatusInput;
+  let chosen: ChosenSelection;
   try {
     const { kc } = loadKubeConfig({ kubeconfig: v['kubeconfig'] as string | undefined });
     const all = v['all-namespaces'] as boolean;
     const namespace = all ? undefined : ((v['namespace'] as string | undefined) || kc.getContextObject(kc.getCurrentContext())?.namespace || 'default');
     const pierNamespace = v['pier-namespace'] as string;
     const read = await readCluster(kc, { namespace, pierNamespace, timeoutMs: v['request-timeout'] as number });
+    const given = (name: string) => parsed.sources[name] !== 'default';
+    chosen = chooseSelection({
+      given: { ...(given('default-class') ? { defaultClass: v['default-class'] as boolean } : {}), ...(given('default-pool') ? { defaultPool: v['default-pool'] as string } : {}) },
+      defaults: { defaultClass: v['default-class'] as boolean, defaultPool: v['default-pool'] as string },
+      lease: read.leases.find((l) => l.metadata?.name === LEADER_LEASE_NAME),
+      leaseRef: `${pierNamespace}/${LEADER_LEASE_NAME}`,
+      needs: ['defaultClass', 'defaultPool'],
+    });
+    if (chosen.note) process.stderr.write(`pier status: ${chosen.note}\n`);
     input = {
       ...read,
       now: Date.now(),
       config: defaultAllocatorConfig({
         loadBalancerClass: LOAD_BALANCER_CLASS,
-        defaultClass: v['default-class'] as boolean,
-        defaultPool: v['default-pool'] as string,
+        defaultClass: chosen.defaultClass,
+        defaultPool: chosen.defaultPool,
         agentNamespace: pierNamespace,
       }),
     };
@@ -80,12 +91,14 @@ export async function runStatus(argv: string[], env = process.env): Promise<numb
     }
     throw err;
   }
-  const report = buildStatusReport(input);
+  const report = { ...buildStatusReport(input), settings: { defaultClass: chosen.defaultClass, defaultPool: chosen.defaultPool, from: chosen.from } };
   if (v['output'] === 'json') {
     process.stdout.write(formatJson(report));
   } else if (report.services.length === 0) {
     const where = v['all-namespaces'] ? 'any namespace' : 'this namespace';
-    process.stderr.write(`No LoadBalancer Services of pier's in ${where}.\n`);
+    // Whether class-less Services count is what most often makes this list empty: say which it was and who said so.
+    const from = { flag: 'as given', controller: "as the controller's Lease says", default: 'the default' }[chosen.from.defaultClass];
+    process.stderr.write(`No LoadBalancer Services of pier's in ${where} (Services without a loadBalancerClass ${chosen.defaultClass ? 'count' : 'do not count'}, ${from}).\n`);
   } else {
     process.stdout.write(formatTable(report));
   }

@@ -12,6 +12,7 @@
 import type { V1EndpointSlice, V1Lease, V1Node, V1Service } from '@kubernetes/client-node';
 
 import { compareText } from '../lib/address.ts';
+import type { ChosenSelection } from '../lib/cluster-settings.ts';
 import { agentLeaseName, isPierService, LEASE_FORWARDING_IPV4_REASON, LEASE_FORWARDING_IPV6_REASON, READY_CONDITION, type Family } from '../lib/contract.ts';
 import { judgeNodes, serviceKey, type AllocatorConfig } from './allocate.ts';
 
@@ -67,6 +68,8 @@ export interface StatusReport {
   asOf: string;
   leases: string;
   services: ServiceReport[];
+  /** Which Services counted as pier's, and where each setting came from (the command line, the controller's Lease, the default). */
+  settings?: Pick<ChosenSelection, 'defaultClass' | 'defaultPool' | 'from'>;
 }
 
 const FAMILY_NAME: Record<Family, string> = { ipv4: 'IPv4', ipv6: 'IPv6' };

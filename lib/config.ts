@@ -93,9 +93,21 @@ function convert(spec: OptionSpec, raw: string | boolean, source: string): Optio
   }
 }
 
+/** Where an option's value came from. */
+export type OptionSource = 'flag' | 'env' | 'default';
+
 export interface ParsedConfig {
   values: Record<string, OptionValue>;
+  /** Per option, so a caller can tell a value given from a default (and say which). */
+  sources: Record<string, OptionSource>;
   positionals: string[];
+}
+
+/** How a person set `spec`'s value: `--backend`, `PIER_BACKEND` or `the default`. */
+export function describeSource(spec: Pick<BaseSpec, 'name' | 'env'>, source: OptionSource): string {
+  if (source === 'flag') return `--${spec.name}`;
+  if (source === 'env') return envName(spec) ?? `--${spec.name}`;
+  return 'the default';
 }
 
 /**
@@ -126,9 +138,10 @@ export function parseConfig(
   try {
     parsed = parseArgs({ args, options, strict: true, allowNegative: true, allowPositionals: opts.allowPositionals ?? false });
   } catch (err) {
-    throw new ConfigError((err as Error).message);
+    throw parseArgsError(err as Error & { code?: string }, specs);
   }
   const values: Record<string, OptionValue> = {};
+  const sources: Record<string, OptionSource> = {};
   for (const s of specs) {
     const fromFlag = parsed.values[s.name];
     const variable = envName(s);
@@ -137,13 +150,68 @@ export function parseConfig(
       // Lists may be given as repeated flags or comma-separated, or both.
       const raw = Array.isArray(fromFlag) ? fromFlag.join(',') : fromFlag;
       values[s.name] = convert(s, raw, `--${s.name}`);
+      sources[s.name] = 'flag';
     } else if (fromEnv !== undefined && fromEnv !== '') {
       values[s.name] = convert(s, fromEnv, variable!);
+      sources[s.name] = 'env';
     } else {
       values[s.name] = s.default;
+      sources[s.name] = 'default';
     }
   }
-  return { values, positionals: parsed.positionals };
+  return { values, sources, positionals: parsed.positionals };
+}
+
+/**
+ * node:util parseArgs' errors in pier's words. Its own advice (about
+ * positionals after `--`) rarely fits and quotes unevenly; the errors carry
+ * only a code and a message, so the option is read back from the message.
+ */
+export function parseArgsError(err: Error & { code?: string }, specs: readonly Pick<BaseSpec, 'name'>[]): ConfigError {
+  const quoted = /'([^' ]+)/.exec(err.message)?.[1];
+  switch (err.code) {
+    case 'ERR_PARSE_ARGS_UNKNOWN_OPTION': {
+      const option = quoted ?? '?';
+      const guess = closestOption(option, specs.map((s) => s.name));
+      return new ConfigError(`unknown option ${option}${guess ? ` (did you mean --${guess}?)` : ''}`);
+    }
+    case 'ERR_PARSE_ARGS_INVALID_OPTION_VALUE':
+      if (/does not take an argument/.test(err.message)) return new ConfigError(`${quoted} takes no value`);
+      // Missing, or followed by something that looks like an option.
+      return new ConfigError(`${quoted} needs a value${/ambiguous/.test(err.message) ? ` (one that starts with a dash is written ${quoted}=VALUE)` : ''}`);
+    case 'ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL':
+      return new ConfigError(`unexpected argument ${quoted === undefined ? '' : `"${quoted}" `}(this command takes only options)`);
+    default:
+      return new ConfigError(err.message);
+  }
+}
+
+/** The option an unknown `--name` most likely meant: the only one it begins, or one a typo or two away. */
+export function closestOption(given: string, names: readonly string[]): string | undefined {
+  const typed = given.replace(/^-+(no-)?/, '');
+  if (typed === '') return undefined;
+  const prefixed = names.filter((n) => n.startsWith(typed));
+  if (prefixed.length === 1) return prefixed[0];
+  let best: { name: string; d: number } | undefined;
+  for (const name of names) {
+    const d = editDistance(typed, name);
+    if (!best || d < best.d) best = { name, d };
+  }
+  // Beyond a third of the word the guess is more likely wrong than helpful.
+  return best && best.d <= Math.max(1, Math.floor(typed.length / 3)) ? best.name : undefined;
+}
+
+/** Levenshtein distance, with an adjacent swap counting as one edit. */
+function editDistance(a: string, b: string): number {
+  const d = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)));
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      d[i]![j] = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) d[i]![j] = Math.min(d[i]![j]!, d[i - 2]![j - 2]! + 1);
+    }
+  }
+  return d[a.length]![b.length]!;
 }
 
 /** One line per option for `--help`: flag, variable, default and text. */

@@ -46,6 +46,14 @@ export const SOURCE_RANGES_ANNOTATION = 'service.beta.kubernetes.io/load-balance
 /** The Lease the controller replicas elect their leader on, in pier's namespace. */
 export const LEADER_LEASE_NAME = 'pier-controller';
 
+/**
+ * Leader Lease annotations: the settings that decide which Services are
+ * pier's, as the leader runs with them, for the tools that read the cluster
+ * (`pier status`, `pier trace`). Booleans are the strings "true" / "false".
+ */
+export const LEADER_DEFAULT_CLASS = 'pier.dev/default-class';
+export const LEADER_DEFAULT_POOL = 'pier.dev/default-pool';
+
 /** Agent Lease: one per node, renewed by that node's agent. */
 export const agentLeaseName = (node: string) => `pier-agent-${node}`;
 export const AGENT_LEASE_LABEL = 'pier.dev/component';

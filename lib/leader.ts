@@ -45,6 +45,8 @@ export interface LeaderElectorOptions extends LeaderTimings {
   name: string;
   /** Unique per replica: the Lease's holderIdentity. */
   identity: string;
+  /** Written onto the Lease with every acquisition and renewal: what the holder says about itself. */
+  annotations?: Record<string, string>;
   onStartedLeading: () => void;
   /** Called once per term, before anything else happens: stop writing here. */
   onStoppedLeading: () => void;
@@ -224,7 +226,12 @@ export class LeaderElector {
       ...existing,
       apiVersion: 'coordination.k8s.io/v1',
       kind: 'Lease',
-      metadata: { ...existing?.metadata, name: this.opts.name, namespace: this.opts.namespace },
+      metadata: {
+        ...existing?.metadata,
+        name: this.opts.name,
+        namespace: this.opts.namespace,
+        ...(this.opts.annotations ? { annotations: { ...existing?.metadata?.annotations, ...this.opts.annotations } } : {}),
+      },
       spec: {
         holderIdentity: this.opts.identity,
         leaseDurationSeconds: Math.ceil(this.opts.leaseDurationMs / 1000),

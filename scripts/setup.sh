@@ -2,7 +2,8 @@
 # Everything pier's tests need on a fresh Debian machine, installed only when
 # missing, so a second run costs seconds: the Debian packages the lab uses,
 # Node >= 22.19 (Node 24 from npm when the machine's is older), the npm
-# dependencies, and the kube-apiserver/etcd builds. Safe to run repeatedly.
+# dependencies, and the kube-apiserver/etcd builds (with a Go fetched into
+# .cache/go when the machine's is missing or too old). Safe to run repeatedly.
 # With --runtime, only Node and the npm dependencies (what `pier` itself needs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,8 +13,9 @@ runtime_only=false
 
 # Debian packages: iptables (nft and legacy), iproute2 for namespaces,
 # conntrack for inspecting connections, openssl for the test CA, util-linux
-# for setpriv and nsenter. Go comes with the machine (/usr/local/go) or from
-# Debian.
+# for setpriv and nsenter. Go comes with the machine (/usr/local/go) when new
+# enough, else scripts/go-env.sh (sourced by test/cluster/build.sh) fetches it
+# into .cache/go with curl and unzip: Debian's golang-go is too old.
 need=()
 if ! $runtime_only; then
   # The real-node tests add a container runtime and an image builder:
@@ -23,12 +25,11 @@ if ! $runtime_only; then
   # binary.
   for pair in iptables:iptables ip6tables:iptables ip:iproute2 conntrack:conntrack openssl:openssl setpriv:util-linux \
     containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins nft:nftables \
-    buildah:buildah mmdebstrap:mmdebstrap gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev; do
+    buildah:buildah mmdebstrap:mmdebstrap gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev \
+    curl:curl unzip:unzip; do
     cmd="${pair%%:*}" pkg="${pair#*:}"
     if [[ "$cmd" == /* ]]; then [[ -e "$cmd" ]] || need+=("$pkg"); else command -v "$cmd" >/dev/null || need+=("$pkg"); fi
   done
-  [[ -x /usr/local/go/bin/go ]] && export PATH="/usr/local/go/bin:$PATH"
-  command -v go >/dev/null || need+=(golang-go)
 fi
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

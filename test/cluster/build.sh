@@ -23,16 +23,8 @@ if $have_all; then
   exit 0
 fi
 
-[[ -x /usr/local/go/bin/go ]] && export PATH="/usr/local/go/bin:$PATH"
-go_want="$(sed -n 's/^go //p' "$mod/go.mod")"
-if ! command -v go >/dev/null; then
-  echo "build.sh: Go >= $go_want is required to build kube-apiserver and etcd; none is on PATH" >&2
-  exit 1
-fi
-if [[ "$(printf '%s\n' "$go_want" "$(go env GOVERSION | sed 's/^go//')" | sort -V | head -n1)" != "$go_want" ]]; then
-  echo "build.sh: Go >= $go_want is required; $(go env GOVERSION) is too old" >&2
-  exit 1
-fi
+# The machine's Go when new enough, else one fetched into .cache/go.
+source "$root/scripts/go-env.sh"
 
 k8s_version="$(cd "$mod" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_version="$(cd "$mod" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"

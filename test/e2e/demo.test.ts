@@ -1,9 +1,11 @@
-// `npm run demo` the way a person runs it: as a process, reading only what it
-// prints (what kubectl printed, who answered, where things were), then
-// checking that it left nothing behind: the lab's namespaces and host link,
-// the control plane's and the nodes' folders and processes.
+// The demo the way a person runs it: as a process (demo/demo.ts, and
+// scripts/demo.sh signalled by its own pid), reading only what it prints (what
+// kubectl printed, who answered, where things were), then checking that it
+// left nothing behind: the lab's namespaces and host link, the control plane's
+// and the nodes' folders and processes.
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { execa } from 'execa';
 import { describe, expect, it } from 'vitest';
 import { kubectlPath } from '../cluster/controlplane.ts';
@@ -11,6 +13,7 @@ import { listLabNamespaces } from '../lab/lab.ts';
 import { eventually } from '../support/wait.ts';
 
 const DEMO = fileURLToPath(new URL('../../demo/demo.ts', import.meta.url));
+const DEMO_SH = fileURLToPath(new URL('../../scripts/demo.sh', import.meta.url));
 const NODES_V4 = ['198.51.100.11', '198.51.100.12'];
 const NODES_V6 = ['2001:db8:0:1::11', '2001:db8:0:1::12'];
 // A cold build takes half an hour; the tests expect the caches warm (scripts/test.sh builds first).
@@ -114,8 +117,11 @@ describe('npm run demo', () => {
     expectNothingLeft(printed);
   }, TIMEOUT);
 
-  it('waits for Ctrl-C, prints what kubectl prints, and on SIGINT removes everything and exits 0', async () => {
-    const demo = execa(process.execPath, [DEMO], { reject: false, timeout: TIMEOUT });
+  // A user who started ./scripts/demo.sh signals that pid (kill -INT, or Ctrl-C
+  // in a terminal, which reaches the whole process group): it must stop the demo.
+  it('./scripts/demo.sh waits for Ctrl-C, prints what kubectl prints, and on SIGINT to its pid removes everything and exits 0', async () => {
+    // detached: a process group of its own, for the fallback below.
+    const demo = execa(DEMO_SH, [], { reject: false, timeout: TIMEOUT, detached: true });
     let stdout = '';
     demo.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     await eventually('the demo waiting for Ctrl-C', () => stdout.includes('Ctrl-C removes everything'), { timeoutMs: TIMEOUT, intervalMs: 200 });
@@ -133,8 +139,17 @@ describe('npm run demo', () => {
     for (const dir of printed.nodeDirs) expect(processesMentioning(dir).length, dir).toBeGreaterThanOrEqual(3);
     expect(listLabNamespaces().filter((ns) => ns.startsWith(`pierlab-${printed.runId}-`)).length).toBeGreaterThan(0);
 
-    demo.kill('SIGINT');
+    // The set-up done, the script's pid is the demo's own (exec), not a shell or npm that would not pass SIGINT on.
+    const cmdline = readFileSync(`/proc/${demo.pid}/cmdline`, 'utf8').split('\0');
+    process.kill(demo.pid!, 'SIGINT');
+    // Should that not stop it, SIGINT to the whole group (Ctrl-C's way) does, rather than leaving the cluster running.
+    const deadline = new AbortController();
+    const stopped = await Promise.race([demo.then(() => true), sleep(120_000, false, { signal: deadline.signal })]);
+    deadline.abort();
+    if (!stopped) process.kill(-demo.pid!, 'SIGINT');
     const result = await demo;
+    expect(stopped, `SIGINT to the pid of scripts/demo.sh (${cmdline.join(' ')}) did not stop the demo`).toBe(true);
+    expect(cmdline).toContain('demo/demo.ts');
     expect(result.exitCode, `${stdout}\n${result.stderr}`).toBe(0);
     expect(stdout).toContain('[demo] SIGINT: removing everything');
     expect(stdout).toMatch(/\[demo\] removed everything\n?$/);

@@ -127,7 +127,8 @@ describe('pier trace agrees with real packets', () => {
       const proto = c.proto ?? 'tcp';
       const frontend = `${c.family === 'v6' ? `[${node.v6}]` : node.v4}:${c.port}/${proto}`;
       const clientAddress = from[c.family];
-      const verdict = await runTrace([clientAddress, frontend, '--node', node.name, '--kubeconfig', kubeconfig]);
+      // No controller runs here, so no Lease says whether pier is the default: the flag does (else trace says it assumed).
+      const verdict = await runTrace([clientAddress, frontend, '--node', node.name, '--kubeconfig', kubeconfig, '--default-class=false']);
       // Manifests of the same objects give the same answer.
       expect(await runTrace([clientAddress, frontend, '--node', node.name, '-f', manifests])).toEqual(verdict);
       expect(verdict.outcome, verdict.reason).toBe(c.expect);

@@ -53,6 +53,7 @@ describe('agent: the first sync', () => {
       setSysctls: false,
       backend: 'iptables',
       iptablesBackend: 'auto',
+      setBy: { backend: 'PIER_BACKEND', iptablesBackend: 'the default' },
       marks: { accept: 0x2000, masquerade: 0x1000 },
       maxPortsPerService: 256,
       minSyncIntervalMs: 0,
@@ -62,7 +63,7 @@ describe('agent: the first sync', () => {
       leaseDurationSeconds: 20,
       leaseRenewMs: 5000,
     };
-    const logged: { msg: string; ports?: number }[] = [];
+    const logged: { msg: string; ports?: number; backendReason?: string }[] = [];
     const log = pino({ level: 'debug' }, { write: (line: string) => void logged.push(JSON.parse(line) as { msg: string }) });
     agent = new Agent(cfg, { kc: cp.admin, log, out: (text) => payloads.push(text) });
     await agent.start();
@@ -78,5 +79,7 @@ describe('agent: the first sync', () => {
     const ahead = logged.find((l) => l.msg.startsWith("rendered the first sync's rules ahead"));
     expect(ahead?.ports).toBeGreaterThanOrEqual(400);
     expect(ahead?.ports).toBeLessThan(COUNT);
+    // The start log says where the backend was set, not a flag nobody gave.
+    expect(logged.find((l) => l.msg === 'agent started')?.backendReason).toBe('set with PIER_BACKEND');
   });
 });

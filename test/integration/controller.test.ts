@@ -114,7 +114,7 @@ describe('pier controller against a real API server', () => {
     const text = await (await fetch(`http://127.0.0.1:${r.port}/metrics`)).text();
     const out = new Map<string, number>();
     for (const line of text.split('\n')) {
-      if (!line.startsWith('pier_controller_') || line.startsWith('pier_controller_process_')) continue;
+      if (!line.startsWith('pier_controller_')) continue;
       const at = line.lastIndexOf(' ');
       out.set(line.slice(0, at), Number(line.slice(at + 1)));
     }

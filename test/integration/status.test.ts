@@ -3,7 +3,8 @@
 // condition the controller would write, and EndpointSlices, all created
 // through the API; the table and the JSON it prints; a user holding exactly
 // the RBAC the README lists; and the one-line errors for a forbidden user
-// and an unreachable server.
+// and an unreachable server. Last, a controller process run with
+// --default-class: status and a live trace learn it from its Lease.
 import { fileURLToPath } from 'node:url';
 import { CoordinationV1Api, CoreV1Api, DiscoveryV1Api, KubeConfig, PatchStrategy, RbacAuthorizationV1Api, V1MicroTime, setHeaderOptions, type V1Lease } from '@kubernetes/client-node';
 import { execa } from 'execa';
@@ -12,6 +13,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   AGENT_LEASE_LABEL,
   AGENT_LEASE_LABEL_VALUE,
+  LEADER_DEFAULT_CLASS,
+  LEADER_LEASE_NAME,
   LEASE_FORWARDING_IPV4,
   LEASE_FORWARDING_IPV4_REASON,
   LEASE_FORWARDING_IPV6,
@@ -22,6 +25,7 @@ import type { StatusReport } from '../../controller/status-report.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 import { freePort } from '../support/ports.ts';
+import { eventually } from '../support/wait.ts';
 
 const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
 const NS = 'shop';
@@ -103,7 +107,10 @@ describe('pier status against the API server', () => {
 
   it('prints a table of the namespace: addresses, ports with errors, serving nodes and why the others do not', async () => {
     const r = await status(['-n', NS]);
-    expect(r.stderr).toBe('');
+    // No controller has run yet: the defaults, and one line that says so.
+    expect(r.stderr).toBe(
+      'pier status: no controller Lease pier-system/pier-controller (is the controller running, with leader election, in that namespace?): assuming --default-class=false --default-pool=default; give them to override',
+    );
     expect(r.exitCode).toBe(0);
     const lines = r.stdout.split('\n');
     expect(lines.slice(0, 3)).toEqual([
@@ -197,5 +204,56 @@ describe('pier status against the API server', () => {
     const r = await status(['-n', NS], unreachable);
     expect(r.exitCode).toBe(1);
     expect(r.stderr).toMatch(new RegExp(`^pier status: cannot list \\S+ .*cannot reach https://127\\.0\\.0\\.1:${port}: .*ECONNREFUSED`, 'm'));
+  });
+
+  it("learns from the controller's Lease that pier is the default: status lists, and trace serves, a Service without a class, no flag given", async () => {
+    const core = cp.admin.makeApiClient(CoreV1Api);
+    const coordination = cp.admin.makeApiClient(CoordinationV1Api);
+    await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'plain', [{ port: 8080 }], { loadBalancerClass: undefined }) });
+    const names = (stdout: string) => (JSON.parse(stdout) as StatusReport).services.map((s) => s.name);
+    expect(names((await status(['-n', NS, '-o', 'json'])).stdout)).not.toContain('plain');
+
+    const port = await freePort();
+    let log = '';
+    // setpriv: the controller dies with this test process, even a killed one.
+    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, CLI, 'controller',
+      '--kubeconfig', cp.adminKubeconfigPath, '--default-class', '--leader-elect-id', 'c-1',
+      '--health-address', '127.0.0.1', '--health-port', String(port),
+    ], { reject: false, stdin: 'ignore', env: { KUBECONFIG: '' } });
+    proc.stderr?.on('data', (d: Buffer) => (log += d.toString()));
+    try {
+      const lease = await eventually('the leader Lease', async () => {
+        const l = await coordination.readNamespacedLease({ name: LEADER_LEASE_NAME, namespace: 'pier-system' }).catch(() => undefined);
+        return l?.metadata?.annotations?.[LEADER_DEFAULT_CLASS] ? l : undefined;
+      }, { timeoutMs: 30_000 });
+      expect(lease.metadata?.annotations?.[LEADER_DEFAULT_CLASS], log).toBe('true');
+
+      const r = await status(['-n', NS, '-o', 'json']);
+      expect(r.stderr).toBe('');
+      const report = JSON.parse(r.stdout) as StatusReport;
+      expect(report.services.map((s) => s.name)).toContain('plain');
+      expect(report.settings).toEqual({ defaultClass: true, defaultPool: 'default', from: { defaultClass: 'controller', defaultPool: 'controller' } });
+      // A flag given beats the cluster.
+      const overridden = await status(['-n', NS, '-o', 'json', '--default-class=false']);
+      expect(names(overridden.stdout)).not.toContain('plain');
+      expect((JSON.parse(overridden.stdout) as StatusReport).settings?.from.defaultClass).toBe('flag');
+
+      // The controller serves it on n1 (fresh Lease, forwarding); a live trace follows the Lease too.
+      await eventually('plain on n1', async () => {
+        const svc = await core.readNamespacedService({ name: 'plain', namespace: NS });
+        return svc.status?.loadBalancer?.ingress?.some((i) => i.ip === '198.51.100.11');
+      }, { timeoutMs: 30_000 });
+      const trace = (...extra: string[]) =>
+        execa(process.execPath, [CLI, 'trace', '203.0.113.7', '198.51.100.11:8080/tcp', '--node', 'n1', '--kubeconfig', cp.adminKubeconfigPath, ...extra], { reject: false, stdin: 'ignore', env: { KUBECONFIG: '' }, timeout: 60_000 });
+      const learned = await trace();
+      expect(learned.stderr).toBe('');
+      // No endpoints: pier's rules reject it, which is pier serving it.
+      expect(learned.stdout).toMatch(/\nrejected: shop\/plain:8080 has no usable endpoint/);
+      const flagged = await trace('--default-class=false');
+      expect(flagged.stdout).toContain('Service shop/plain port 8080/TCP names no loadBalancerClass, and pier serves those only with --default-class');
+    } finally {
+      proc.kill('SIGTERM');
+      await proc;
+    }
   });
 });

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { eachFamily } from '../../agent/applier.ts';
 import { jumpTarget } from '../../agent/restore.ts';
-import { chooseBackend } from '../../agent/backend.ts';
+import { chooseBackend, choiceReason } from '../../agent/backend.ts';
 import { commandRunner, describeRestoreFailure, toolEnv, type Backend } from '../../agent/iptables.ts';
 import type { Family } from '../../lib/contract.ts';
 import { ManifestError, readManifestFiles, readManifests } from '../../agent/manifests.ts';
@@ -33,6 +33,16 @@ describe('chooseBackend', () => {
     expect(chooseBackend({ nftMangle: '', legacyAll: rules(12), nftAll: rules(3) })).toMatchObject({ backend: 'legacy', reason: expect.stringContaining('12 against 3') });
     expect(chooseBackend({ nftMangle: '', legacyAll: rules(2), nftAll: rules(2) }).backend).toBe('nft');
     expect(chooseBackend({ nftMangle: '', legacyAll: '', nftAll: '' }).reason).toContain('default');
+  });
+});
+
+describe('choiceReason', () => {
+  it('names the flag, the variable or the default, and what auto found', () => {
+    expect(choiceReason('--backend')).toBe('set with --backend');
+    expect(choiceReason('PIER_BACKEND')).toBe('set with PIER_BACKEND');
+    expect(choiceReason('the default')).toBe('the default');
+    expect(choiceReason('PIER_BACKEND', 'iptables works')).toBe('auto (set with PIER_BACKEND): iptables works');
+    expect(choiceReason('the default', 'kubelet hint chain found with iptables-nft')).toBe('auto (the default): kubelet hint chain found with iptables-nft');
   });
 });
 

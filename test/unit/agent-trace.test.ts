@@ -231,6 +231,22 @@ describe('trace', () => {
     expect(v.problems.map((p) => p.reason)).toEqual(['StatusPortMismatch']);
   });
 
+  it('names an unnamed port by its number and protocol, not its index', () => {
+    const { svc, slices } = service('plain', 80, pods, { loadBalancerClass: undefined });
+    delete svc.spec!.ports![0]!.name;
+    for (const s of slices) delete s.ports![0]!.name;
+    const w = traceWorld({ nodeName: 'n1', nodeAddresses: [N1.v4], services: [svc], slices, config: world.config, marks: MARKS });
+    const v = trace(w, tcp(OUTSIDE, N1.v4, 80));
+    expect(v.reason).toContain('Service shop/plain port 80/TCP names no loadBalancerClass');
+    expect(v.reason).not.toContain('port 0');
+    // Served (pier the default), a problem of that port is named the same way.
+    svc.status!.loadBalancer!.ingress![0]!.ports![0]!.protocol = 'UDP';
+    const served = traceWorld({ nodeName: 'n1', nodeAddresses: [N1.v4], services: [svc], slices, config: { ...world.config, defaultClass: true }, marks: MARKS });
+    const skewed = trace(served, { ...tcp(OUTSIDE, N1.v4, 80), protocol: 'UDP' });
+    expect(skewed.problems).toMatchObject([{ service: 'shop/plain', port: '80/TCP', reason: 'StatusPortMismatch' }]);
+    expect(verdictText(skewed)).toContain('note: shop/plain port 80/TCP: StatusPortMismatch: Service shop/plain port 80/TCP: status protocol "UDP"');
+  });
+
   it('refuses a client and a frontend of different families', () => {
     expect(() => trace(world, tcp(OUTSIDE, N1.v6, 80))).toThrow(TraceUsageError);
     expect(() => trace(world, tcp('nonsense', N1.v4, 80))).toThrow(/not an IP address/);
@@ -333,7 +349,7 @@ describe('pier trace (the command)', () => {
     // It walks the iptables rules: a --backend it would not follow is refused.
     const backend = await pier(INSIDE, `${N1.v4}:83/tcp`, '--node', 'n1', '-f', dir, '--backend', 'nftables');
     expect(backend.exitCode).toBe(2);
-    expect(backend.stderr).toContain("Unknown option '--backend'");
+    expect(backend.stderr).toContain('unknown option --backend');
     const noNode = await pier(OUTSIDE, `${N1.v4}:80/tcp`, '--node', 'n9', '-f', dir);
     expect(noNode.exitCode).toBe(1);
     expect(noNode.stderr).toContain('no Node named "n9" (Nodes found: n1)');

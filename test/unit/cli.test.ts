@@ -38,6 +38,12 @@ describe('pier CLI', () => {
     expect(timings.stderr).toContain('the lease duration must be longer than the renew deadline');
   });
 
+  it("reports a mistyped option in pier's words, with the option it likely meant", async () => {
+    const r = await pier('check', '--bakend', 'nftables');
+    expect(r.exitCode).toBe(2);
+    expect(r.stderr).toBe('pier check: unknown option --bakend (did you mean --backend?)\n(see pier check --help)');
+  });
+
   it('prints the package version', async () => {
     const r = await pier('--version');
     expect(r.stdout.trim()).toMatch(/^\d+\.\d+\.\d+/);

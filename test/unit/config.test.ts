@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { ConfigError, formatHelp, parseConfig, parseDuration, type OptionSpec } from '../../lib/config.ts';
+import { ConfigError, closestOption, describeSource, formatHelp, parseConfig, parseDuration, type OptionSpec } from '../../lib/config.ts';
 
 const specs: OptionSpec[] = [
   { name: 'kubeconfig', type: 'string', help: 'path to a kubeconfig' },
@@ -49,6 +49,16 @@ describe('parseConfig', () => {
     expect(values['node-name']).toBeUndefined();
   });
 
+  it('says where each value came from, in the words a person would look for', () => {
+    const { sources } = parseConfig(specs, ['--workers', '2'], { PIER_DRY_RUN: 'true', LOG_LEVEL: 'debug', PIER_RESYNC_PERIOD: '' });
+    expect(sources).toMatchObject({ workers: 'flag', 'dry-run': 'env', 'log-level': 'env', 'resync-period': 'default', kubeconfig: 'default' });
+    const spec = (name: string) => specs.find((s) => s.name === name)!;
+    expect(describeSource(spec('workers'), sources['workers']!)).toBe('--workers');
+    expect(describeSource(spec('dry-run'), sources['dry-run']!)).toBe('PIER_DRY_RUN');
+    expect(describeSource(spec('log-level'), sources['log-level']!)).toBe('LOG_LEVEL');
+    expect(describeSource(spec('resync-period'), sources['resync-period']!)).toBe('the default');
+  });
+
   it.each([
     [['--workers', 'many'], /--workers: "many" is not an integer/],
     [['--workers', '0'], /--workers: "0" is below the minimum 1/],
@@ -56,11 +66,43 @@ describe('parseConfig', () => {
     [['--resync-period', '10ms'], /shorter than the minimum 1000ms/],
     [['--iptables-backend', 'ebpf'], /--iptables-backend: "ebpf" is not one of auto, nft, legacy/],
     [['--reserved-ports', '22,ssh'], /--reserved-ports: "ssh" is not a port/],
-    [['--no-such-flag'], /Unknown option '--no-such-flag'/],
-    [['--workers'], /--workers/],
+    [['--no-such-flag'], /^unknown option --no-such-flag$/],
+    [['--workers'], /^--workers needs a value$/],
   ])('rejects %j naming the bad value', (argv, message) => {
     expect(() => parseConfig(specs, argv, {})).toThrow(ConfigError);
     expect(() => parseConfig(specs, argv, {})).toThrow(message);
+  });
+
+  it.each([
+    [['--wrokers', '2'], 'unknown option --wrokers (did you mean --workers?)'],
+    [['--resync'], 'unknown option --resync (did you mean --resync-period?)'],
+    [['--no-dryrun'], 'unknown option --no-dryrun (did you mean --dry-run?)'],
+    [['--backend', 'nftables'], 'unknown option --backend'],
+    [['-x'], 'unknown option -x'],
+    [['--workers', '--dry-run'], '--workers needs a value (one that starts with a dash is written --workers=VALUE)'],
+    [['--no-leader-elect=x'], '--leader-elect takes no value'],
+    [['stray'], 'unexpected argument "stray" (this command takes only options)'],
+  ])('says what is wrong with %j in its own words', (argv, message) => {
+    let thrown: unknown;
+    try {
+      parseConfig(specs, argv, {});
+    } catch (err) {
+      thrown = err;
+    }
+    expect(thrown).toBeInstanceOf(ConfigError);
+    expect((thrown as Error).message).toBe(message);
+  });
+
+  it('gives an unknown option only the advice that fits, even where positionals are allowed', () => {
+    expect(() => parseConfig(specs, ['--kubeconfgi', 'x'], {}, { allowPositionals: true })).toThrow(/^unknown option --kubeconfgi \(did you mean --kubeconfig\?\)$/);
+  });
+
+  it('suggests an option only when one is close', () => {
+    const names = specs.map((s) => s.name);
+    expect(closestOption('--leader-elcet', names)).toBe('leader-elect');
+    expect(closestOption('--frobnicate', names)).toBeUndefined();
+    // Ambiguous beginnings ("re" starts two) fall back to spelling, which is too far.
+    expect(closestOption('--re', names)).toBeUndefined();
   });
 
   it('names the environment variable when the bad value came from there', () => {
