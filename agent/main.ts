@@ -1,9 +1,8 @@
 // `pier agent`: flags and environment to an Agent, signals to a clean stop.
-import { KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
-import type { OptionValue } from '../lib/config.ts';
+import { API_SERVER_OPTION, apiServers, KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
+import { describeSource, type OptionValue } from '../lib/config.ts';
 import { DEFAULT_NAMESPACE } from '../lib/contract.ts';
-import { reuseConnections } from '../lib/connections.ts';
-import { loadKubeConfig } from '../lib/kube.ts';
+import { connectCluster } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
 import { Agent, type AgentConfig } from './agent.ts';
 import type { MarkBits } from './render.ts';
@@ -44,6 +43,7 @@ export const AGENT_SPEC: CommandSpec = {
   usage: 'pier agent --node-name NAME [options]',
   options: [
     KUBECONFIG_OPTION,
+    API_SERVER_OPTION,
     { name: 'node-name', type: 'string', env: 'NODE_NAME', help: 'this node (required; the DaemonSet sets it from spec.nodeName)' },
     { name: 'namespace', type: 'string', default: DEFAULT_NAMESPACE, help: "namespace of the agent's Lease" },
     { name: 'default-class', type: 'boolean', default: false, help: 'also serve LoadBalancer Services without a loadBalancerClass (pier is the cluster default)' },
@@ -82,9 +82,7 @@ export async function runAgent(argv: string[]): Promise<number> {
     process.stderr.write(`pier agent: ${marks}\n`);
     return 2;
   }
-  const { kc, source } = loadKubeConfig({ kubeconfig: v['kubeconfig'] as string | undefined });
-  reuseConnections(kc);
-  log.info({ kubeconfig: source, server: kc.getCurrentCluster()?.server }, 'using Kubernetes credentials');
+  const kc = await connectCluster({ kubeconfig: v['kubeconfig'] as string | undefined, apiServers: apiServers(v) }, log);
 
   const cfg: AgentConfig = {
     nodeName,
@@ -94,6 +92,7 @@ export async function runAgent(argv: string[]): Promise<number> {
     setSysctls: v['set-sysctls'] as boolean,
     backend: v['backend'] as AgentConfig['backend'],
     iptablesBackend: v['iptables-backend'] as AgentConfig['iptablesBackend'],
+    setBy: { backend: describeSource(RULE_BACKEND_OPTION, parsed.sources['backend']!), iptablesBackend: describeSource(BACKEND_OPTION, parsed.sources['iptables-backend']!) },
     marks,
     maxPortsPerService: v['max-ports-per-service'] as number,
     minSyncIntervalMs: v['min-sync-interval'] as number,

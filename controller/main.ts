@@ -3,11 +3,10 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 
-import { KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
+import { API_SERVER_OPTION, apiServers, KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
 import { formatDuration, type OptionValue } from '../lib/config.ts';
-import { reuseConnections } from '../lib/connections.ts';
 import { DEFAULT_NAMESPACE, DEFAULT_POOL, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
-import { loadKubeConfig } from '../lib/kube.ts';
+import { connectCluster } from '../lib/kube.ts';
 import { checkLeaderTimings, DEFAULT_LEADER_TIMINGS } from '../lib/leader.ts';
 import { createLogger } from '../lib/log.ts';
 import { DEFAULT_ALLOCATE_RANGE, DEFAULT_RESERVED_PORTS, type AllocatorConfig, type PortRange } from './allocate.ts';
@@ -48,6 +47,7 @@ export const CONTROLLER_SPEC: CommandSpec = {
   usage: 'pier controller [options]',
   options: [
     KUBECONFIG_OPTION,
+    API_SERVER_OPTION,
     { name: 'namespace', type: 'string', default: DEFAULT_NAMESPACE, help: "pier's namespace: agent Leases and the leader-election Lease" },
     { name: 'default-class', type: 'boolean', default: false, help: 'also take LoadBalancer Services without a loadBalancerClass (pier is the cluster default)' },
     { name: 'default-pool', type: 'string', default: DEFAULT_POOL, help: 'pool of Services without the pier.dev/pool annotation and of Nodes without the pier.dev/pool label' },
@@ -90,9 +90,7 @@ export async function runController(argv: string[], env = process.env): Promise<
   }
   const identity = (v['leader-elect-id'] as string | undefined) || env['POD_NAME'] || `${hostname()}_${randomUUID().slice(0, 8)}`;
   const log = createLogger({ level: v['log-level'] as string, name: 'pier-controller' });
-  const { kc, source } = loadKubeConfig({ kubeconfig: v['kubeconfig'] as string | undefined });
-  reuseConnections(kc);
-  log.info({ kubeconfig: source, server: kc.getCurrentCluster()?.server }, 'using Kubernetes credentials');
+  const kc = await connectCluster({ kubeconfig: v['kubeconfig'] as string | undefined, apiServers: apiServers(v) }, log);
 
   const namespace = v['namespace'] as string;
   const cfg: ControllerConfig = {

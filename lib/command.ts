@@ -17,6 +17,29 @@ export const KUBECONFIG_OPTION: OptionSpec = {
   help: 'kubeconfig file; otherwise $KUBECONFIG, the in-cluster ServiceAccount, then ~/.kube/config',
 };
 
+/** `host:port`, `[v6]:port` or an https:// URL as a URL string; undefined when it is none of them. */
+export function apiServerUrl(text: string): string | undefined {
+  const withScheme = /^[a-z][a-z0-9+.-]*:\/\//i.test(text) ? text : `https://${text}`;
+  let url: URL;
+  try {
+    url = new URL(withScheme);
+  } catch {
+    return undefined;
+  }
+  if (url.protocol !== 'https:' || !url.hostname || url.pathname !== '/' || url.search || url.hash || url.username) return undefined;
+  return url.origin;
+}
+
+export const API_SERVER_OPTION: OptionSpec = {
+  name: 'api-server',
+  type: 'list',
+  validate: (v) => (apiServerUrl(v) ? undefined : 'is not host:port or an https:// URL'),
+  help: "the API server's own address(es), host:port, comma-separated; the first that accepts a connection replaces the credentials' server (so pier needs no kube-proxy to reach it)",
+};
+
+/** The --api-server list as https origins. */
+export const apiServers = (v: ParsedConfig['values']): string[] => ((v['api-server'] as string[] | undefined) ?? []).map((s) => apiServerUrl(s)!);
+
 export interface CommandSpec {
   name: string;
   summary: string;

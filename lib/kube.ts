@@ -2,7 +2,10 @@
 // an explicit --kubeconfig, then $KUBECONFIG, then the in-cluster
 // ServiceAccount, then ~/.kube/config. Failing all, one error lists what was
 // tried, because "no cluster" with no detail is the least useful message there is.
+// --api-server then points them at the API server's own address, so that a
+// node's pier needs no kube-proxy rule to reach it (chooseApiServer).
 import { existsSync, readFileSync } from 'node:fs';
+import { connect } from 'node:net';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -14,6 +17,8 @@ import {
   type ObservableMiddleware,
   type RequestContext,
 } from '@kubernetes/client-node';
+import { reuseConnections } from './connections.ts';
+import type { Logger } from './log.ts';
 
 export const IN_CLUSTER_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
 
@@ -104,6 +109,66 @@ function checked(kc: KubeConfig, origin: string): KubeConfig {
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new KubeConfigError(`${origin}: context ${JSON.stringify(ctx)} names no known cluster`);
   if (!cluster.server) throw new KubeConfigError(`${origin}: cluster ${JSON.stringify(cluster.name)} has no server address`);
+  return kc;
+}
+
+export type ConnectProbe = (host: string, port: number, timeoutMs: number) => Promise<void>;
+
+const tcpConnect: ConnectProbe = (host, port, timeoutMs) =>
+  new Promise((resolve, reject) => {
+    const socket = connect({ host, port, timeout: timeoutMs });
+    socket.once('connect', () => (socket.destroy(), resolve()));
+    socket.once('timeout', () => (socket.destroy(), reject(new Error(`no answer in ${timeoutMs} ms`))));
+    socket.once('error', (err) => (socket.destroy(), reject(err)));
+  });
+
+export interface ChosenApiServer {
+  /** The server now in the credentials. */
+  server: string;
+  /** Each candidate tried before it, with why it was passed over. */
+  passed: string[];
+  /** false: none answered, and the credentials keep their own server. */
+  chosen: boolean;
+}
+
+/**
+ * Points the credentials at the first of `servers` (https origins, as
+ * apiServers() reads them) that accepts a TCP
+ * connection. Why a list: a distribution's node-local address differs by node
+ * role (k3s servers listen on 127.0.0.1:6443, its agents' proxy on
+ * 127.0.0.1:6444), and one manifest serves every node. When none answers,
+ * the credentials keep their server (in a pod, the kubernetes Service), which
+ * beats not starting.
+ */
+export async function chooseApiServer(kc: KubeConfig, servers: readonly string[], probe: ConnectProbe = tcpConnect): Promise<ChosenApiServer> {
+  const current = kc.getCurrentCluster();
+  if (!current) throw new KubeConfigError('no current cluster to point at an API server');
+  const passed: string[] = [];
+  for (const server of servers) {
+    const { hostname, port } = new URL(server);
+    try {
+      await probe(hostname.replace(/^\[(.*)\]$/, '$1'), Number(port || 443), 1000);
+    } catch (err) {
+      passed.push(`${server}: ${(err as Error).message}`);
+      continue;
+    }
+    kc.clusters = kc.clusters.map((c) => (c.name === current.name ? { ...c, server } : c));
+    return { server, passed, chosen: true };
+  }
+  return { server: current.server, passed, chosen: false };
+}
+
+/** A long-running command's credentials: loaded, pointed at the first --api-server that answers, connections shared. */
+export async function connectCluster(opts: { kubeconfig: string | undefined; apiServers: readonly string[] }, log: Logger): Promise<KubeConfig> {
+  const { kc, source } = loadKubeConfig({ kubeconfig: opts.kubeconfig });
+  let passed: string[] = [];
+  if (opts.apiServers.length > 0) {
+    const choice = await chooseApiServer(kc, opts.apiServers);
+    passed = choice.passed;
+    if (!choice.chosen) log.warn({ passed, server: choice.server }, "no --api-server address accepted a connection; using the credentials' own server");
+  }
+  reuseConnections(kc);
+  log.info({ kubeconfig: source, server: kc.getCurrentCluster()?.server, ...(passed.length > 0 && { passed }) }, 'using Kubernetes credentials');
   return kc;
 }
 

@@ -5,17 +5,17 @@
 // images imported into every node's containerd.
 import { execa, type Options } from 'execa';
 import { CoreV1Api } from '@kubernetes/client-node';
-import { HOST_V4, Lab } from '../lab/lab.ts';
+import { Lab, type LabSiteIndex } from '../lab/lab.ts';
 import { ensureImages, type BuiltImages } from '../images/images.ts';
 import { kubectlPath, startControlPlane, type ControlPlane } from './controlplane.ts';
 import { startNode, type KubeNode, type ProxyMode } from './node.ts';
 
-/** Every node's pod subnets: the lab routes node i's 198.19.i.0/24 and 2001:db8:1:i::/64 to it. */
-export const CLUSTER_CIDRS = ['198.19.0.0/16', '2001:db8:1::/48'];
 
 export interface ClusterOptions {
   nodes?: number;
   proxyMode?: ProxyMode;
+  /** The lab's site (lab.ts): two clusters can run at once on different sites. Default 0. */
+  site?: LabSiteIndex;
 }
 
 export interface Cluster {
@@ -33,7 +33,7 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
   const count = opts.nodes ?? 2;
   // The builds run first: the lab and the control plane should not wait on them.
   const [images, kubectl] = await Promise.all([ensureImages(), kubectlPath()]);
-  const lab = await Lab.create({ nodes: Array(count).fill(0), clients: 1, hostLink: true, podBridges: false });
+  const lab = await Lab.create({ nodes: Array(count).fill(0), clients: 1, hostLink: true, podBridges: false, site: opts.site });
   let cp: ControlPlane | undefined;
   const nodes: KubeNode[] = [];
   const stop = async () => {
@@ -42,7 +42,7 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
     await lab.destroy();
   };
   try {
-    cp = await startControlPlane({ address: HOST_V4, controllers: true });
+    cp = await startControlPlane({ address: lab.hostV4, controllers: true });
     const plane = cp;
     const started = await Promise.all(
       lab.nodes.map((n) =>
@@ -51,7 +51,7 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
           netns: n.ns,
           addresses: [n.v4, n.v6],
           podCidrs: [n.podCidrV4, n.podCidrV6],
-          clusterCidrs: CLUSTER_CIDRS,
+          clusterCidrs: lab.site.clusterCidrs,
           proxyMode: opts.proxyMode ?? 'iptables',
         }).then((node) => (nodes.push(node), node)),
       ),

@@ -24,6 +24,8 @@ export const CLUSTER_BINARIES = ['etcd', 'kube-apiserver', 'kubectl', 'kube-cont
 
 /** Service ranges inside documentation space, disjoint from the lab's pod and node ranges. */
 export const SERVICE_CIDRS = ['198.18.0.0/16', '2001:db8:ffff::/112'];
+/** kube-dns's ClusterIPs (dns.ts), the kubelets' clusterDNS: the 10th address of each range, as kubeadm and kind choose. */
+export const CLUSTER_DNS = ['198.18.0.10', '2001:db8:ffff::a'];
 
 export interface ControlPlaneOptions {
   /** Address kube-apiserver binds to and advertises; default 127.0.0.1. */

@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { CoreV1Api } from '@kubernetes/client-node';
 import { execa, type ResultPromise } from 'execa';
 import { atExit, isAlive } from '../support/cleanup.ts';
-import { ensureBinaries, readIfExists, SERVICE_CIDRS, spawnLogged, tail, waitFor, type ControlPlane } from './controlplane.ts';
+import { ensureBinaries, CLUSTER_DNS, readIfExists, SERVICE_CIDRS, spawnLogged, tail, waitFor, type ControlPlane } from './controlplane.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const NODE_SH = join(HERE, 'node.sh');
@@ -67,8 +67,12 @@ export interface KubeNode {
   exec(file: string, args: string[], opts?: { reject?: boolean; input?: string }): Promise<ExecResult>;
   /** Imports docker-archive or OCI archives into the node's containerd, where the kubelet finds them. */
   importImages(archives: string[]): Promise<void>;
-  /** Restarts kube-proxy in another mode (its rules of the old mode are flushed first, as `kube-proxy --cleanup` does). */
+  /** (Re)starts kube-proxy in a mode (its rules of the old mode are flushed first, as `kube-proxy --cleanup` does). */
   setProxyMode(mode: ProxyMode): Promise<void>;
+  /** Stops kube-proxy as a crash would, its rules left as they are. */
+  stopProxy(): Promise<void>;
+  /** Adds again the rule the node starts with (pods leaving the cluster leave as the node): after a test flushed the node's tables. */
+  masqueradePods(): Promise<void>;
   /** The last lines of a component's log (containerd, kubelet, kube-proxy). */
   log(component: 'containerd' | 'kubelet' | 'kube-proxy', lines?: number): string;
   stop(): Promise<void>;
@@ -127,11 +131,14 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
 
     // Pods leaving the cluster's pod subnets (to the API server, to clients)
     // leave as the node, as ip-masq-agent or kindnet arrange on real clusters.
-    for (const cidr of spec.podCidrs) {
-      const v6 = cidr.includes(':');
-      const others = spec.clusterCidrs.filter((c) => c.includes(':') === v6);
-      await exec(v6 ? 'ip6tables' : 'iptables', ['-w', '-t', 'nat', '-A', 'POSTROUTING', '-s', cidr, ...others.flatMap((c) => ['!', '-d', c]), '-j', 'MASQUERADE']);
-    }
+    const masqueradePods = async () => {
+      for (const cidr of spec.podCidrs) {
+        const v6 = cidr.includes(':');
+        const others = spec.clusterCidrs.filter((c) => c.includes(':') === v6);
+        await exec(v6 ? 'ip6tables' : 'iptables', ['-w', '-t', 'nat', '-A', 'POSTROUTING', '-s', cidr, ...others.flatMap((c) => ['!', '-d', c]), '-j', 'MASQUERADE']);
+      }
+    };
+    await masqueradePods();
 
     const sock = join(dir, 'containerd.sock');
     writeFileSync(join(dir, 'containerd.toml'), containerdConfig(dir, sock));
@@ -176,10 +183,14 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
           if (r.exitCode !== 0) throw new Error(`importing ${archive} into ${spec.name}'s containerd failed: ${r.stderr}`);
         }
       },
+      async stopProxy() {
+        const proxy = procs.get('kube-proxy')!;
+        proxy.child.kill('SIGTERM');
+        await proxy.child;
+      },
+      masqueradePods,
       async setProxyMode(mode) {
-        const old = procs.get('kube-proxy')!;
-        old.child.kill('SIGTERM');
-        await old.child;
+        await node.stopProxy();
         await exec(join(bin, 'kube-proxy'), ['--cleanup', `--config=${join(dir, 'kube-proxy.json')}`], { reject: false });
         spec.proxyMode = mode;
         const proxy = startProxy(mode);
@@ -304,6 +315,9 @@ function kubeletConfig(spec: NodeSpec, cgroupRoot: string, sock: string, caFile:
     imageGCHighThresholdPercent: 100,
     imageGCLowThresholdPercent: 99,
     resolvConf: '/etc/resolv.conf',
+    // Pods resolve Service names once dns.ts has deployed CoreDNS; until then a lookup times out, as on a cluster whose DNS is down.
+    clusterDNS: CLUSTER_DNS,
+    clusterDomain: 'cluster.local',
     serializeImagePulls: false,
     syncFrequency: '10s',
     nodeStatusReportFrequency: '10s',

@@ -21,6 +21,7 @@ import {
   type V1Lease,
 } from '@kubernetes/client-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { apiServerUrl } from '../../lib/command.ts';
 import { LEADER_LEASE_NAME, LEASE_FORWARDING_IPV6, agentLeaseName } from '../../lib/contract.ts';
 import { ensureNamespace, startControlPlane, statusOf, type ControlPlane } from '../cluster/controlplane.ts';
 import { ECHO_PORT, HOST_V4, Lab } from '../lab/lab.ts';
@@ -110,6 +111,12 @@ describe('deploy/ against a real API server', () => {
       const config = containerEnv(objects, 'DaemonSet', 'pier-agent', { name: 'p', namespace: SYSTEM, nodeName: 'n' });
       expect(containerEnv(objects, 'Deployment', 'pier-controller', { name: 'p', namespace: SYSTEM })).toMatchObject({ PIER_DEFAULT_CLASS: config['PIER_DEFAULT_CLASS'] });
       expect(config['PIER_DEFAULT_CLASS']).toBe(k === 'base' ? 'false' : 'true');
+      // The API server's own address, for the agents alone (the controller is an ordinary pod), read by the node's resolver.
+      const apiServer = { base: undefined, 'overlays/k3s': '127.0.0.1:6443,127.0.0.1:6444', 'overlays/kind': 'kind-control-plane:6443' }[k];
+      expect(config['PIER_API_SERVER']).toBe(apiServer);
+      for (const s of apiServer?.split(',') ?? []) expect(apiServerUrl(s), s).toBeDefined();
+      expect(containerEnv(objects, 'Deployment', 'pier-controller', { name: 'p', namespace: SYSTEM })['PIER_API_SERVER']).toBeUndefined();
+      expect(spec.dnsPolicy).toBe('Default');
     }
   });
 

@@ -1,9 +1,11 @@
 // The lab is real before pier touches it: a client reaches a pod behind each
 // node by plain routing, over IPv4 and IPv6, TCP and UDP, and the pod names
 // itself and reports the client's own address.
+import { readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ECHO_PORT, Lab, listLabNamespaces, sweepStaleLabs } from '../lab/lab.ts';
+import { ECHO_PORT, Lab, listLabNamespaces, sweepStaleLabs, type ProbeResult } from '../lab/lab.ts';
 
 describe('network lab', () => {
   let lab: Lab;
@@ -95,6 +97,49 @@ setInterval(() => {}, 1000);`;
       expect(listLabNamespaces().filter((n) => n.includes(live.runId)).length).toBe(3);
     } finally {
       await live.destroy();
+    }
+  });
+});
+
+describe('lab sites', () => {
+  it('two labs with a host link at once, one per site, each reached from the root namespace through its own link', async () => {
+    const made = await Promise.allSettled([
+      Lab.create({ nodes: [0, 0], clients: 1, hostLink: true, site: 0 }),
+      Lab.create({ nodes: [0, 0], clients: 1, hostLink: true, site: 1 }),
+    ]);
+    const labs = made.flatMap((m) => (m.status === 'fulfilled' ? [m.value] : []));
+    try {
+      for (const m of made) if (m.status === 'rejected') throw m.reason;
+      const addresses = labs.flatMap((l) => [l.hostV4, l.hostV6, ...[...l.nodes, ...l.clients].flatMap((e) => [e.v4, e.v6]), ...l.nodes.flatMap((n) => [n.podCidrV4, n.podCidrV6])]);
+      expect(new Set(addresses).size, 'the sites share an address or a pod subnet').toBe(addresses.length);
+
+      const probe = fileURLToPath(new URL('../lab/probe.ts', import.meta.url));
+      for (const lab of labs) {
+        for (const node of lab.nodes) {
+          await lab.hostEcho(node);
+          for (const [address, host] of [[node.v4, lab.hostV4], [node.v6, lab.hostV6]] as const) {
+            // From the root namespace itself: the source it picks shows which link the route took.
+            const { stdout } = await execa(process.execPath, [probe, '--proto', 'tcp', '--host', address, '--port', String(ECHO_PORT)]);
+            const res = JSON.parse(stdout) as ProbeResult;
+            expect(res, `site ${lab.site.index} ${node.name} at ${address}`).toMatchObject({ ok: true, reply: { pod: `${node.name}-host`, peer: host } });
+          }
+        }
+      }
+    } finally {
+      await Promise.all(labs.map((l) => l.destroy()));
+    }
+    for (const lab of labs) {
+      expect(listLabNamespaces().filter((n) => n.includes(lab.runId))).toEqual([]);
+      expect((await execa('ip', ['link', 'show', lab.hostLink!], { reject: false })).exitCode).not.toBe(0);
+      // Released: another run may hold it by now, but not this process.
+      const holder = (() => {
+        try {
+          return readFileSync(`${lab.site.hostLinkLock}/owner`, 'utf8');
+        } catch {
+          return '';
+        }
+      })();
+      expect(holder).not.toBe(String(process.pid));
     }
   });
 });

@@ -4,6 +4,8 @@
 // Dockerfiles by buildah and imported into the nodes, installed with the
 // README's own commands (`kubectl apply -k`, `kubectl expose`). Real pods
 // answer; the lab's client connects from its own namespace.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { V1Service } from '@kubernetes/client-node';
@@ -11,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startCluster, type Cluster } from '../cluster/cluster.ts';
 import type { ProbeResult } from '../lab/lab.ts';
 import { describeTally, steadyClient as steady, tally } from '../lab/steady.ts';
+import { kindOverlay } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
 const DEPLOY = fileURLToPath(new URL('../../deploy/', import.meta.url));
@@ -81,15 +84,18 @@ describe('pier on real nodes, deployed as the README says', () => {
     return Date.now();
   };
 
+  const work = mkdtempSync(join(tmpdir(), 'pier-real-node-'));
   beforeAll(async () => {
     cluster = await startCluster({ nodes: 2, proxyMode: 'iptables' });
-    await cluster.kubectl(['apply', '-k', DEPLOY + 'overlays/kind']);
+    // The kind overlay as the README has users adapt it: the agents given the API server's own address.
+    await cluster.kubectl(['apply', '-k', kindOverlay(join(work, 'overlay'), { apiServer: new URL(cluster.cp.server).host })]);
     await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'deployment/pier-controller', '--timeout=180s']);
     await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'daemonset/pier-agent', '--timeout=180s']);
   });
 
   afterAll(async () => {
     await cluster?.stop();
+    rmSync(work, { recursive: true, force: true });
   });
 
   it('runs as pods: two controller replicas and one agent on each node, all ready', async () => {
@@ -519,6 +525,46 @@ describe('pier on real nodes, deployed as the README says', () => {
         for (const address of [labNode.v4, labNode.v6]) expect(kubeProxyRules).not.toContain(spelled(address));
       }
     }
+  });
+
+  it('a node\'s tables flushed with its kube-proxy stopped: its agent, restarted, reaches the API server by the address PIER_API_SERVER gives and puts its rules back', async () => {
+    // Issue 27: through the kubernetes Service (kube-proxy's rules) an agent
+    // that starts on such a node never gets its lists, and heals nothing.
+    const node = cluster.nodes[0]!;
+    const labNode = cluster.lab.nodes[0]!;
+    const agentPod = async () =>
+      (await cluster.kubectl(['-n', SYSTEM, 'get', 'pods', '-l', 'app.kubernetes.io/name=pier-agent', '--field-selector', `spec.nodeName=${node.name}`, '-o', 'jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].ready} {.metadata.deletionTimestamp}{"\\n"}{end}']))
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => l.split(' '));
+    const [old] = await agentPod();
+    const answered = async (host: string) => (await probe(host, 80, { count: 3, timeoutMs: 1000 })).every((r) => r.ok);
+    expect(await answered(labNode.v4)).toBe(true);
+    const kubernetesService = async () => {
+      const r = await node.exec(process.execPath, ['-e', "require('net').connect(443, '198.18.0.1').setTimeout(2000, () => process.exit(2)).on('connect', () => process.exit(0)).on('error', () => process.exit(1))"], { reject: false });
+      return r.exitCode === 0;
+    };
+    expect(await kubernetesService()).toBe(true);
+
+    await node.stopProxy();
+    try {
+      // Every table on the node: kube-proxy's, the kubelet's and pier's.
+      await node.exec('nft', ['flush', 'ruleset']);
+      expect(await kubernetesService()).toBe(false);
+      await cluster.kubectl(['-n', SYSTEM, 'delete', 'pod', old![0]!, '--wait=false']);
+      // Ready is the new agent's first sync done: it listed Services, slices and its Node.
+      const fresh = await eventually('a new agent on the node, ready', async () => (await agentPod()).find(([name, ready, deleting]) => name !== old![0] && ready === 'true' && !deleting), { timeoutMs: 90_000, intervalMs: 500 });
+      const log = await cluster.kubectl(['-n', SYSTEM, 'logs', fresh[0]!]);
+      const credentials = log.split('\n').find((l) => l.includes('using Kubernetes credentials'));
+      expect(credentials).toContain(`"server":"${cluster.cp.server}"`);
+      // kube-proxy is still away: the node has no rule for the kubernetes Service.
+      expect(await kubernetesService()).toBe(false);
+      await eventually(`${labNode.v4}:80 and [${labNode.v6}]:80 answered`, async () => (await answered(labNode.v4)) && (await answered(labNode.v6)), { timeoutMs: 30_000, intervalMs: 500 });
+    } finally {
+      await node.masqueradePods();
+      await node.setProxyMode(node.spec.proxyMode);
+    }
+    await eventually('the kubernetes Service on the node again', kubernetesService, { timeoutMs: 30_000, intervalMs: 500 });
   });
 
   it('uninstalls as the README says: kubectl delete -k, then deploy/cleanup leaves no PIER chain and no pier table on any node', async () => {

@@ -90,36 +90,8 @@ else
   echo "$driver" >"$out/driver"
 fi
 
-bh() { buildah --root "$storage" --runroot "$runroot" --storage-driver "$driver" "$@"; }
-
+source test/images/store.sh
 sweep_containers
-
-sha() { sha256sum | cut -c1-64; }
-# The source of shell functions: a change to how an image is built changes its key.
-recipe() { declare -f "$@" | sha; }
-
-image_id() { bh inspect --type image --format '{{.FromImageID}}' "$1"; }
-
-# An image is fresh when its key matches the one recorded when it was built,
-# its name still points at the recorded id and its archive exists.
-fresh() {
-  local name="$1" ref="$2" key="$3" k id current
-  [[ -f "$out/keys/$name" && -f "$out/$name.tar" ]] || return 1
-  read -r k id <"$out/keys/$name"
-  [[ "$k" == "$key" ]] || return 1
-  current="$(image_id "$ref" 2>/dev/null)" || return 1
-  [[ "$current" == "$id" ]]
-}
-
-# docker-archive, the format `ctr images import` and `docker load` read, under the image's full name.
-export_archive() {
-  local name="$1" ref="$2" key="$3" id
-  id="$(image_id "$ref")"
-  rm -f "$work/$name.tar"
-  bh push --quiet "$id" "docker-archive:$work/$name.tar:$ref" 2>&1 | indent
-  mv "$work/$name.tar" "$out/$name.tar"
-  echo "$key $id" >"$out/keys/$name"
-}
 
 # --- the base image -----------------------------------------------------------
 
@@ -257,7 +229,8 @@ build_pause() {
   bh commit --quiet --rm "$c" "$PAUSE" >/dev/null
 }
 
-k8s_dir="$(cd test/cluster/build && PATH="/usr/local/go/bin:$PATH" go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+source scripts/go-env.sh
+k8s_dir="$(cd test/cluster/build && go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
 pause_src="$k8s_dir/build/pause/linux/pause.c"
 [[ -f "$pause_src" ]] || die "$pause_src not found"
 pause_version="v$(sed -n 's/^TAG ?= //p' "$k8s_dir/build/pause/Makefile")-$(basename "$k8s_dir" | sed 's/.*@//')"

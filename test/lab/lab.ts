@@ -1,16 +1,26 @@
 // The network lab: hosts made of network namespaces, wired the way a small
 // bare-metal cluster is, in documentation address ranges only.
 //
-//   root ns ──(optional veth, for the API server)──┐
+//   root ns ──(optional veth pl<run>, .254 / ::fe, for the API server)──┐
 //                                        underlay ns: bridge br0
 //           ┌──────────────────────┬────────────┴─────────┐
 //      node n1 (198.51.100.11)   node n2 (198.51.100.12)   client c1 (198.51.100.101)
 //      bridge "pods"          bridge "pods"
 //       pod n1-p1, n1-p2       pod n2-p1 ...
 //
-// Underlay: 198.51.100.0/24 and 2001:db8:0:1::/64. Node i's pods: 198.19.i.0/24
-// and 2001:db8:1:i::/64, routed between nodes (and from clients) via node
+// A lab belongs to a site, which fixes its addresses (SITES):
+//   site 0 (default): underlay 198.51.100.0/24, 2001:db8:0:1::/64;
+//                     node i's pods 198.19.i.0/24, 2001:db8:1:i::/64
+//   site 1:           underlay 198.19.192.0/24, 2001:db8:0:2::/64;
+//                     node i's pods 198.19.(128+i).0/24, 2001:db8:1:(128+i)::/64
+// (Not 203.0.113.0/24: this workplace serves its package mirrors from it.)
+// Pod subnets are routed between nodes (and from clients) via node
 // addresses. Every pod runs echo-server.ts on port 8080, TCP and UDP.
+//
+// Labs without a host link never share a routing table, so any number can
+// coexist. A host link routes the site's underlay in the machine's own
+// namespace: one lab per site at a time (takeHostLink), so two clusters with
+// an API server each can run at once, one per site.
 //
 // Names carry a run id and a registry file records the owning process, so a
 // later run can sweep what a crashed run left without touching a live one.
@@ -24,15 +34,16 @@ import { atExit, isAlive } from '../support/cleanup.ts';
 const HERE = dirname(fileURLToPath(import.meta.url));
 export const NS_PREFIX = 'pierlab-';
 const REGISTRY = '/run/pierlab';
-const HOST_LINK_LOCK = '/run/pierlab.host-link';
 export const ECHO_PORT = 8080;
 
 export interface LabSpec {
   /** Pods per node; the array's length is the number of nodes. */
   nodes: number[];
   clients?: number;
-  /** Creates a veth from the root namespace onto the underlay (address HOST_V4 / HOST_V6), for an API server the nodes can reach. */
+  /** Creates a veth from the root namespace onto the underlay (address lab.hostV4 / lab.hostV6), for an API server the nodes can reach. */
   hostLink?: boolean;
+  /** The address plan (SITES); default 0. Labs with a host link at once need different sites. */
+  site?: LabSiteIndex;
   /**
    * false: nodes get no "pods" bridge (their pod count must be 0), since a
    * real node's CNI plugin makes its own on the same subnets. Pod subnets are
@@ -41,10 +52,51 @@ export interface LabSpec {
   podBridges?: boolean;
 }
 
-export const UNDERLAY_V4 = '198.51.100.0/24';
-export const UNDERLAY_V6 = '2001:db8:0:1::/64';
-export const HOST_V4 = '198.51.100.254';
-export const HOST_V6 = '2001:db8:0:1::fe';
+export type LabSiteIndex = 0 | 1;
+
+export interface LabSite {
+  index: LabSiteIndex;
+  /** The underlay's /24 and /64 without their host part: '198.51.100', '2001:db8:0:1'. */
+  net4: string;
+  net6: string;
+  underlayV4: string;
+  underlayV6: string;
+  hostV4: string;
+  hostV6: string;
+  /** Node i's pod subnets are 198.19.(podBase+i).0/24 and 2001:db8:1:(podBase+i)::/64, inside clusterCidrs. */
+  podBase: number;
+  /** What a cluster on this site takes as its pod ranges (kube-proxy's clusterCIDR): the pod subnets, never the underlay. */
+  clusterCidrs: string[];
+  /** More nodes would take pod subnets that are not the site's. */
+  maxNodes: number;
+  /** Held while a lab of this site has a host link. Site 0's is the path older runs use, so they still wait for us. */
+  hostLinkLock: string;
+}
+
+const makeSite = (index: LabSiteIndex, net4: string, net6: string, podBase: number, clusterCidrs: string[], maxNodes: number, hostLinkLock: string): LabSite => ({
+  index,
+  clusterCidrs,
+  maxNodes,
+  net4,
+  net6,
+  underlayV4: `${net4}.0/24`,
+  underlayV6: `${net6}::/64`,
+  hostV4: `${net4}.254`,
+  hostV6: `${net6}::fe`,
+  podBase,
+  hostLinkLock,
+});
+
+export const SITES: readonly LabSite[] = [
+  makeSite(0, '198.51.100', '2001:db8:0:1', 0, ['198.19.0.0/16', '2001:db8:1::/48'], 90, '/run/pierlab.host-link'),
+  makeSite(1, '198.19.192', '2001:db8:0:2', 128, ['198.19.128.0/18', '2001:db8:1::/48'], 63, '/run/pierlab.host-link.1'),
+];
+
+/** Site 0's addresses, for code written before sites; a Lab's own are lab.hostV4 etc. */
+export const UNDERLAY_V4 = SITES[0]!.underlayV4;
+export const UNDERLAY_V6 = SITES[0]!.underlayV6;
+export const HOST_V4 = SITES[0]!.hostV4;
+export const HOST_V6 = SITES[0]!.hostV6;
 
 export interface Endpoint {
   name: string;
@@ -78,13 +130,22 @@ export interface ProbeOptions {
   intervalMs?: number;
 }
 
-const nodeAddr = (i: number) => ({ v4: `198.51.100.${10 + i}`, v6: `2001:db8:0:1::${10 + i}` });
-const clientAddr = (j: number) => ({ v4: `198.51.100.${100 + j}`, v6: `2001:db8:0:1::${100 + j}` });
-const podNet = (i: number) => ({ v4: `198.19.${i}.0/24`, v6: `2001:db8:1:${i}::/64`, gw4: `198.19.${i}.1`, gw6: `2001:db8:1:${i}::1` });
-const podAddr = (i: number, k: number) => ({ v4: `198.19.${i}.${10 + k}`, v6: `2001:db8:1:${i}::${10 + k}` });
+/** The underlay's address of host number `h` (nodes 10+i, clients 100+j, the host link 254). */
+const underlayAddr = (s: LabSite, h: number) => ({ v4: `${s.net4}.${h}`, v6: `${s.net6}::${h}` });
+const podNet = (s: LabSite, i: number) => {
+  const n = s.podBase + i;
+  return { v4: `198.19.${n}.0/24`, v6: `2001:db8:1:${n}::/64`, gw4: `198.19.${n}.1`, gw6: `2001:db8:1:${n}::1` };
+};
+const podAddr = (s: LabSite, i: number, k: number) => {
+  const n = s.podBase + i;
+  return { v4: `198.19.${n}.${10 + k}`, v6: `2001:db8:1:${n}::${10 + k}` };
+};
+/** More would overlap: node 91 takes client 1's .101, client 154 the host link's .254. */
+const MAX_CLIENTS = 153;
 
 export class Lab {
   readonly runId: string;
+  readonly site: LabSite;
   readonly nodes: LabNode[] = [];
   readonly clients: Endpoint[] = [];
   readonly underlayNs: string;
@@ -96,8 +157,9 @@ export class Lab {
   private destroyed = false;
   private ownsHostLink = false;
 
-  private constructor(runId: string, hostLink: boolean) {
+  private constructor(runId: string, site: LabSite, hostLink: boolean) {
     this.runId = runId;
+    this.site = site;
     this.underlayNs = `${NS_PREFIX}${runId}-ul`;
     this.hostLink = hostLink ? `pl${runId}` : undefined;
   }
@@ -106,10 +168,27 @@ export class Lab {
     return this.nodes.flatMap((n) => n.pods);
   }
 
+  /** The root namespace's address on the host link (its site's). */
+  get hostV4(): string {
+    return this.site.hostV4;
+  }
+  get hostV6(): string {
+    return this.site.hostV6;
+  }
+  get underlayV4(): string {
+    return this.site.underlayV4;
+  }
+  get underlayV6(): string {
+    return this.site.underlayV6;
+  }
+
   static async create(spec: LabSpec): Promise<Lab> {
+    const site = SITES[spec.site ?? 0];
+    if (!site) throw new Error(`no lab site ${spec.site}`);
+    if (spec.nodes.length > site.maxNodes || (spec.clients ?? 1) > MAX_CLIENTS) throw new Error(`a lab of site ${site.index} has at most ${site.maxNodes} nodes and ${MAX_CLIENTS} clients`);
     sweepStaleLabs();
     const runId = `${process.pid.toString(36)}${Math.random().toString(36).slice(2, 5)}`;
-    const lab = new Lab(runId, spec.hostLink ?? false);
+    const lab = new Lab(runId, site, spec.hostLink ?? false);
     mkdirSync(REGISTRY, { recursive: true });
     writeFileSync(join(REGISTRY, runId), String(process.pid));
     lab.unregister = atExit(() => lab.destroySync());
@@ -128,14 +207,15 @@ export class Lab {
     await ip(ul, 'link', 'add', 'br0', 'type', 'bridge');
     await ip(ul, 'link', 'set', 'br0', 'up');
 
+    const site = this.site;
     if (this.hostLink) {
-      await takeHostLink();
+      await takeHostLink(site);
       this.ownsHostLink = true;
-      await assertFreeInRootNamespace(UNDERLAY_V4, HOST_V4);
-      await assertFreeInRootNamespace(UNDERLAY_V6, HOST_V6);
+      await assertFreeInRootNamespace(site.underlayV4, site.hostV4);
+      await assertFreeInRootNamespace(site.underlayV6, site.hostV6);
       await execa('ip', ['link', 'add', this.hostLink, 'type', 'veth', 'peer', 'name', 'host', 'netns', ul]);
-      await execa('ip', ['addr', 'add', `${HOST_V4}/24`, 'dev', this.hostLink]);
-      await execa('ip', ['-6', 'addr', 'add', `${HOST_V6}/64`, 'dev', this.hostLink, 'nodad']);
+      await execa('ip', ['addr', 'add', `${site.hostV4}/24`, 'dev', this.hostLink]);
+      await execa('ip', ['-6', 'addr', 'add', `${site.hostV6}/64`, 'dev', this.hostLink, 'nodad']);
       // Its link-local too, as noDad() does for the lab's namespaces: this one link's own setting, not the machine's.
       writeFileSync(`/proc/sys/net/ipv6/conf/${this.hostLink}/accept_dad`, '0');
       await execa('ip', ['link', 'set', this.hostLink, 'up']);
@@ -146,8 +226,8 @@ export class Lab {
       const i = idx + 1;
       const name = `n${i}`;
       const ns = `${NS_PREFIX}${this.runId}-${name}`;
-      const net = podNet(i);
-      const node: LabNode = { name, ns, index: i, ...nodeAddr(i), podCidrV4: net.v4, podCidrV6: net.v6, pods: [] };
+      const net = podNet(site, i);
+      const node: LabNode = { name, ns, index: i, ...underlayAddr(site, 10 + i), podCidrV4: net.v4, podCidrV6: net.v6, pods: [] };
       await this.addHost(ns, name, node.v4, node.v6);
       await sysctl(ns, { 'net.ipv4.ip_forward': '1', 'net.ipv6.conf.all.forwarding': '1' });
       this.nodes.push(node);
@@ -162,7 +242,7 @@ export class Lab {
       for (let k = 1; k <= podCount; k++) {
         const podName = `${name}-p${k}`;
         const podNs = `${NS_PREFIX}${this.runId}-${podName}`;
-        const pod: LabPod = { name: podName, ns: podNs, node: name, ...podAddr(i, k) };
+        const pod: LabPod = { name: podName, ns: podNs, node: name, ...podAddr(site, i, k) };
         await this.addNs(podNs);
         await execa('ip', ['link', 'add', 'eth0', 'netns', podNs, 'type', 'veth', 'peer', 'name', `p${k}`, 'netns', ns]);
         await ip(ns, 'link', 'set', `p${k}`, 'master', 'pods', 'up');
@@ -181,7 +261,7 @@ export class Lab {
     for (let j = 1; j <= (spec.clients ?? 1); j++) {
       const name = `c${j}`;
       const ns = `${NS_PREFIX}${this.runId}-${name}`;
-      const client: Endpoint = { name, ns, ...clientAddr(j) };
+      const client: Endpoint = { name, ns, ...underlayAddr(site, 100 + j) };
       await this.addHost(ns, name, client.v4, client.v6);
       this.clients.push(client);
     }
@@ -315,39 +395,40 @@ export class Lab {
     for (const ns of [...this.namespaces].reverse()) removeNamespace(ns);
     if (this.hostLink) execaSync('ip', ['link', 'del', this.hostLink], { reject: false });
     rmSync(join(REGISTRY, this.runId), { force: true });
-    if (this.ownsHostLink) rmSync(HOST_LINK_LOCK, { recursive: true, force: true });
+    if (this.ownsHostLink) rmSync(this.site.hostLinkLock, { recursive: true, force: true });
     this.unregister();
   }
 }
 
 /**
- * Only one lab at a time can link to the root namespace (the underlay prefix
- * is routed there). A second one — another test file, the demo — waits for
- * the first to go; a lock whose owner died is taken over.
+ * Only one lab per site at a time can link to the root namespace (the site's
+ * underlay prefix is routed there). A second one — another test file, the
+ * demo — waits for the first to go; a lock whose owner died is taken over.
  */
-async function takeHostLink(): Promise<void> {
+async function takeHostLink(site: LabSite): Promise<void> {
+  const lock = site.hostLinkLock;
   let announced = false;
   for (;;) {
     try {
-      mkdirSync(HOST_LINK_LOCK);
-      writeFileSync(join(HOST_LINK_LOCK, 'owner'), String(process.pid));
+      mkdirSync(lock);
+      writeFileSync(join(lock, 'owner'), String(process.pid));
       return;
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     }
     let owner = 0;
     try {
-      owner = Number(readFileSync(join(HOST_LINK_LOCK, 'owner'), 'utf8'));
+      owner = Number(readFileSync(join(lock, 'owner'), 'utf8'));
     } catch {
       // Just created; its owner is about to write its pid.
     }
-    const young = Date.now() - (statSync(HOST_LINK_LOCK, { throwIfNoEntry: false })?.mtimeMs ?? 0) < 5000;
-    if (owner === process.pid) throw new Error('this process already holds a lab with a host link');
+    const young = Date.now() - (statSync(lock, { throwIfNoEntry: false })?.mtimeMs ?? 0) < 5000;
+    if (owner === process.pid) throw new Error(`this process already holds a lab with a host link at site ${site.index}`);
     if ((owner && !isAlive(owner)) || (!owner && !young)) {
-      rmSync(HOST_LINK_LOCK, { recursive: true, force: true });
+      rmSync(lock, { recursive: true, force: true });
       continue;
     }
-    if (!announced) console.error(`[lab] waiting for the lab of process ${owner} to release the host link`);
+    if (!announced) console.error(`[lab] waiting for the lab of process ${owner} to release site ${site.index}'s host link`);
     announced = true;
     await sleep(250);
   }

@@ -2,6 +2,8 @@
 // applied with server-side apply, and the environment the manifests give the
 // controller and the agent, so tests run both programs the way the cluster
 // would start them.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { KubernetesObject, V1ConfigMap, V1Container, V1DaemonSet, V1Deployment } from '@kubernetes/client-node';
 import { execa } from 'execa';
@@ -11,6 +13,40 @@ import { kubectlPath } from '../cluster/controlplane.ts';
 export const DEPLOY_DIR = fileURLToPath(new URL('../../deploy/', import.meta.url));
 /** The installs; `cleanup` is the uninstall's node sweep. */
 export const KUSTOMIZATIONS = ['base', 'overlays/k3s', 'overlays/kind'] as const;
+
+/**
+ * deploy/overlays/kind adapted as the README tells a user to: a kustomization
+ * of it in `dir` that gives the agents the API server's own address
+ * (PIER_API_SERVER; the test cluster's is no `kind-control-plane`) and merges
+ * `config` into pier-config. Returns `dir`, for `kubectl apply -k`.
+ */
+export function kindOverlay(dir: string, opts: { apiServer: string; config?: Record<string, string> }): string {
+  mkdirSync(dir, { recursive: true });
+  const literals = Object.entries(opts.config ?? {}).map(([k, v]) => `${k}=${v}`);
+  writeFileSync(
+    join(dir, 'kustomization.yaml'),
+    [
+      'apiVersion: kustomize.config.k8s.io/v1beta1',
+      'kind: Kustomization',
+      // kustomize takes no absolute path here.
+      `resources: [${JSON.stringify(relative(dir, join(DEPLOY_DIR, 'overlays', 'kind')))}]`,
+      ...(literals.length > 0 ? ['configMapGenerator:', '  - name: pier-config', '    behavior: merge', `    literals: ${JSON.stringify(literals)}`] : []),
+      'patches:',
+      '  - path: agent-api-server.yaml',
+      '',
+    ].join('\n'),
+  );
+  writeFileSync(
+    join(dir, 'agent-api-server.yaml'),
+    JSON.stringify({
+      apiVersion: 'apps/v1',
+      kind: 'DaemonSet',
+      metadata: { name: 'pier-agent', namespace: 'pier-system' },
+      spec: { template: { spec: { containers: [{ name: 'agent', env: [{ name: 'PIER_API_SERVER', value: opts.apiServer }] }] } } },
+    }),
+  );
+  return dir;
+}
 
 export interface Rendered {
   yaml: string;

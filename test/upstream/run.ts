@@ -3,7 +3,7 @@
 // rather than by our reading of them (issue 27).
 //
 //   node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX]
-//                             [--skip REGEX] [--spec-timeout MINUTES] [--list]
+//                             [--skip REGEX] [--spec-timeout MINUTES] [--site 0|1] [--list]
 //
 // 1. test/upstream/build.sh: e2e.test (`go test -c k8s.io/kubernetes/test/e2e`),
 //    the agnhost and CoreDNS images (cached; a warm run costs seconds).
@@ -22,22 +22,20 @@
 // Specs that do not apply to pier are skipped by name, with the reason (SKIPPED_BY_NAME).
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join, relative } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { execa } from 'execa';
 import { startCluster, type Cluster } from '../cluster/cluster.ts';
 import { kubectlPath } from '../cluster/controlplane.ts';
+import { deployClusterDns } from '../cluster/dns.ts';
+import { atExit } from '../support/cleanup.ts';
+import { kindOverlay } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const ROOT = join(HERE, '..', '..');
 const BUILD = join(HERE, 'build.sh');
-const KIND_OVERLAY = join(ROOT, 'deploy', 'overlays', 'kind');
-const COREDNS_YAML = join(HERE, 'coredns.yaml');
 const SYSTEM = 'pier-system';
-/** kube-dns's ClusterIPs, in the control plane's service ranges (198.18.0.0/16, 2001:db8:ffff::/112); kubeadm's and kind's choice of the 10th address. */
-export const CLUSTER_DNS = ['198.18.0.10', '2001:db8:ffff::a'];
 
 /**
  * What issue 27 asks for: every spec of the `[sig-network] LoadBalancers`
@@ -62,6 +60,11 @@ const SKIPPED_BY_NAME: { match: RegExp; reason: string }[] = [
     reason: 'not applicable: pier adds no service.kubernetes.io/load-balancer-cleanup finalizer by design (deleting a Service needs nothing from pier)',
   },
   {
+    match: /LoadBalancers ExternalTrafficPolicy: Local .*should only target nodes with endpoints/,
+    reason:
+      "not applicable on dual-stack nodes: it probes kube-proxy's health-check NodePort of an IPv4 Service on every InternalIP of each node, the IPv6 one too, where kube-proxy serves it on IPv4 only (pkg/proxy/healthcheck: one listener per Service family); no load balancer can change that",
+  },
+  {
     match: /LoadBalancers ExternalTrafficPolicy: Local .*should (work for type=LoadBalancer|work from pods)/,
     reason: "not applicable: upstream skips it for ipMode Proxy (loadbalancer.go: \"LoadBalancer uses 'Proxy' IPMode\"); pier's ingress is ipMode Proxy",
   },
@@ -72,6 +75,8 @@ interface Args {
   focus: string;
   skip?: string;
   specTimeoutMin: number;
+  /** The lab's address plan (test/lab/lab.ts): two runs at once need one each. */
+  site: 0 | 1;
   list: boolean;
 }
 
@@ -82,12 +87,13 @@ function parse(): Args {
       focus: { type: 'string', default: DEFAULT_FOCUS },
       skip: { type: 'string' },
       'spec-timeout': { type: 'string', default: '20' },
+      site: { type: 'string', default: '0' },
       list: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
   if (values.help) {
-    console.log('usage: node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX] [--skip REGEX] [--spec-timeout MINUTES] [--list]');
+    console.log('usage: node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX] [--skip REGEX] [--spec-timeout MINUTES] [--site 0|1] [--list]');
     process.exit(0);
   }
   if (values.backend !== 'iptables' && values.backend !== 'nftables') {
@@ -99,7 +105,11 @@ function parse(): Args {
     console.error(`--spec-timeout: ${values['spec-timeout']} is not a positive number of minutes`);
     process.exit(2);
   }
-  return { backend: values.backend, focus: values.focus!, skip: values.skip, specTimeoutMin, list: values.list! };
+  if (values.site !== '0' && values.site !== '1') {
+    console.error(`--site: ${values.site} is neither 0 nor 1`);
+    process.exit(2);
+  }
+  return { backend: values.backend, focus: values.focus!, skip: values.skip, specTimeoutMin, site: Number(values.site) as 0 | 1, list: values.list! };
 }
 
 interface Upstream {
@@ -171,40 +181,9 @@ async function importImages(cluster: Cluster, up: Upstream): Promise<void> {
   );
 }
 
-/** Whether the kubelets give pods the cluster's DNS: test/cluster/node.ts writes their configuration. */
-function kubeletClusterDns(cluster: Cluster): string[] {
-  return cluster.nodes.map((n) => {
-    const cfg = JSON.parse(readFileSync(join(n.dir, 'kubelet.json'), 'utf8')) as { clusterDNS?: string[] };
-    return `${n.name}: ${(cfg.clusterDNS ?? []).join(',') || 'none'}`;
-  });
-}
-
-async function deployCoreDns(cluster: Cluster, up: Upstream): Promise<void> {
-  const yaml = readFileSync(COREDNS_YAML, 'utf8')
-    .replaceAll('__IMAGE__', up.images.coredns.name)
-    .replaceAll('__DNS_V4__', CLUSTER_DNS[0]!)
-    .replaceAll('__DNS_V6__', CLUSTER_DNS[1]!);
-  await cluster.kubectl(['apply', '-f', '-'], { input: yaml });
-  await cluster.kubectl(['-n', 'kube-system', 'rollout', 'status', 'deployment/coredns', '--timeout=180s']);
-}
-
-/** A kustomization of the kind overlay, as a user writes one (README, Configuration), with the backend in pier-config. */
+/** The kind overlay as a user adapts it (README, Configuration): the agents given the API server's address, the backend in pier-config. */
 async function deployPier(cluster: Cluster, backend: Args['backend'], work: string): Promise<void> {
-  const dir = join(work, 'pier-overlay');
-  mkdirSync(dir);
-  writeFileSync(
-    join(dir, 'kustomization.yaml'),
-    [
-      'apiVersion: kustomize.config.k8s.io/v1beta1',
-      'kind: Kustomization',
-      `resources: [${JSON.stringify(relative(dir, KIND_OVERLAY))}]`,
-      'configMapGenerator:',
-      '  - name: pier-config',
-      '    behavior: merge',
-      `    literals: [PIER_BACKEND=${backend}]`,
-      '',
-    ].join('\n'),
-  );
+  const dir = kindOverlay(join(work, 'pier-overlay'), { apiServer: new URL(cluster.cp.server).host, config: { PIER_BACKEND: backend } });
   await cluster.kubectl(['apply', '-k', dir]);
   await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'deployment/pier-controller', '--timeout=180s']);
   await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'daemonset/pier-agent', '--timeout=180s']);
@@ -233,7 +212,7 @@ async function runSpec(cluster: Cluster, up: Upstream, spec: string, index: numb
   const report = join(dir, 'report.json');
   const timeoutMs = args.specTimeoutMin * 60_000;
   const started = Date.now();
-  const r = await execa(
+  const proc = execa(
     up.e2eTest,
     [
       ...e2eFlags(cluster.cp.adminKubeconfigPath, kubectl),
@@ -246,6 +225,10 @@ async function runSpec(cluster: Cluster, up: Upstream, spec: string, index: numb
     ],
     { reject: false, all: true, cwd: dir, timeout: timeoutMs + 120_000, forceKillAfterDelay: 10_000 },
   );
+  // Interrupted, the run stops its cluster (atExit): the spec must not outlive it.
+  const unregister = atExit(() => proc.kill('SIGKILL'));
+  const r = await proc;
+  unregister();
   writeFileSync(join(dir, 'output.log'), String(r.all ?? ''));
   const seconds = Math.round((Date.now() - started) / 1000);
   if (!existsSync(report)) {
@@ -299,14 +282,10 @@ async function main(): Promise<number> {
   const outcomes: Outcome[] = [];
   let cluster: Cluster | undefined;
   try {
-    log('starting the real-node cluster (2 nodes, kube-proxy in iptables mode)');
-    cluster = await startCluster({ nodes: 2, proxyMode: 'iptables' });
+    log(`starting the real-node cluster (2 nodes, kube-proxy in iptables mode, lab site ${args.site})`);
+    cluster = await startCluster({ nodes: 2, proxyMode: 'iptables', site: args.site });
     await importImages(cluster, up);
-    const dns = kubeletClusterDns(cluster);
-    await deployCoreDns(cluster, up);
-    if (!cluster.nodes.every((n) => dns.includes(`${n.name}: ${CLUSTER_DNS.join(',')}`)) && dns.some((d) => d.endsWith(': none'))) {
-      log(`warning: the kubelets give pods no cluster DNS (clusterDNS ${dns.join('; ')}): specs that reach a Service by name fail; test/cluster/node.ts's kubeletConfig needs clusterDNS: ${JSON.stringify(CLUSTER_DNS)} and clusterDomain: 'cluster.local'`);
-    }
+    await deployClusterDns(cluster, up.images.coredns.name);
     log(`deploying pier (deploy/overlays/kind, PIER_BACKEND=${args.backend})`);
     await deployPier(cluster, args.backend, work);
 
