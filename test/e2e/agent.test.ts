@@ -297,6 +297,12 @@ describe.each(['iptables', 'nftables'] as const)('pier agent in the lab, %s back
      * then must fail.
      */
     const settle = async (what: string, sticky: boolean, local = false) => {
+      // A UDP probe whose source port a flow of the last phase still holds is
+      // that flow (conntrack), not a new connection, and keeps its pod:
+      // affinity decides new flows only. Those flows go first.
+      for (const n of lab.nodes) {
+        for (const family of ['ipv4', 'ipv6']) await lab.exec(n.ns, 'conntrack', ['-D', '-f', family, '-p', 'udp', '--orig-port-dst', '95'], { reject: false });
+      }
       const ok = (pods: Set<string>[], n: LabNode) =>
         pods.every((p) => (sticky ? p.size === 1 && (!local || n.pods.some((x) => p.has(x.name))) : p.size > 1));
       await eachFrontend(async (family, proto, n) => void (await eventually(`${what}: ${proto} ${n[family]}`, async () => ok(await seen(family, proto, n), n), { timeoutMs: 20_000 })));
