@@ -133,12 +133,11 @@ export interface ChosenApiServer {
 
 /**
  * Points the credentials at the first of `servers` (https origins, as
- * apiServers() reads them) that accepts a TCP
- * connection. Why a list: a distribution's node-local address differs by node
- * role (k3s servers listen on 127.0.0.1:6443, its agents' proxy on
- * 127.0.0.1:6444), and one manifest serves every node. When none answers,
- * the credentials keep their server (in a pod, the kubernetes Service), which
- * beats not starting.
+ * apiServers() reads them) that accepts a TCP connection. Why a list: a
+ * distribution's node-local address differs by node role (k3s servers listen
+ * on 127.0.0.1:6443, its agents' proxy on 127.0.0.1:6444), and one manifest
+ * serves every node. When none answers, the credentials keep their server
+ * (in a pod, the kubernetes Service), which beats not starting.
  */
 export async function chooseApiServer(kc: KubeConfig, servers: readonly string[], probe: ConnectProbe = tcpConnect): Promise<ChosenApiServer> {
   const current = kc.getCurrentCluster();
