@@ -22,11 +22,12 @@ if ! $runtime_only; then
   # containerd, runc and the CNI plugins for the nodes, nft for kube-proxy's
   # nftables mode, buildah and mmdebstrap for the images (base images are
   # built locally: no registry is reachable), gcc and libc6-dev for the pause
-  # binary.
+  # binary. shellcheck checks the release workflow's scripts (actionlint runs
+  # it).
   for pair in iptables:iptables ip6tables:iptables ip:iproute2 conntrack:conntrack openssl:openssl setpriv:util-linux \
     containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins nft:nftables \
     buildah:buildah mmdebstrap:mmdebstrap gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev \
-    curl:curl unzip:unzip; do
+    curl:curl unzip:unzip shellcheck:shellcheck; do
     cmd="${pair%%:*}" pkg="${pair#*:}"
     if [[ "$cmd" == /* ]]; then [[ -e "$cmd" ]] || need+=("$pkg"); else command -v "$cmd" >/dev/null || need+=("$pkg"); fi
   done

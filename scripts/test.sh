@@ -14,6 +14,12 @@ export PIER_CLUSTER_BIN_DIR="$(bash test/cluster/build.sh)"
 # pier's two images, the pause image and the test pods' echo image, built by
 # buildah from their Dockerfiles (cached in .cache/images).
 export PIER_IMAGES_DIR="$(bash test/images/build.sh)"
+# helm and actionlint built from their Go modules, and the prometheus-operator
+# ServiceMonitor and PodMonitor CRDs from its module, for the Helm chart's and
+# the release workflow's tests (test/helm/build.sh; cached in .cache/).
+export PIER_HELM="$(bash test/helm/build.sh helm)"
+export PIER_ACTIONLINT="$(bash test/helm/build.sh actionlint)"
+export PIER_PROMETHEUS_CRDS="$(bash test/helm/build.sh prometheus-crds)"
 
 echo "[test] typecheck and build" >&2
 npx tsc -p tsconfig.json

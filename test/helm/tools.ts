@@ -1,0 +1,77 @@
+// The tools test/helm/build.sh builds from Go modules (helm, actionlint) and
+// the prometheus-operator CRDs it fetches, for the tests: from the variables
+// scripts/test.sh exports after building them, else by running build.sh
+// (cached; cold, helm takes minutes). Also: helm itself, run with argument
+// arrays, and the chart rendered.
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import type { KubernetesObject } from '@kubernetes/client-node';
+import { execa } from 'execa';
+import { parseAllDocuments } from 'yaml';
+
+const BUILD = fileURLToPath(new URL('./build.sh', import.meta.url));
+export const CHART = fileURLToPath(new URL('../../deploy/helm/pier', import.meta.url));
+export const CHART_VALUES = fileURLToPath(new URL('../../deploy/helm/values/', import.meta.url));
+
+type Tool = 'helm' | 'actionlint' | 'prometheus-crds';
+const ENV: Record<Tool, string> = { helm: 'PIER_HELM', actionlint: 'PIER_ACTIONLINT', 'prometheus-crds': 'PIER_PROMETHEUS_CRDS' };
+const loaded = new Map<Tool, Promise<string>>();
+
+function tool(what: Tool): Promise<string> {
+  let p = loaded.get(what);
+  if (!p) {
+    p = (async () => {
+      const fromEnv = process.env[ENV[what]];
+      if (fromEnv && existsSync(fromEnv)) return fromEnv;
+      // Progress on the test's stderr: a cold helm build takes minutes.
+      const r = await execa('bash', [BUILD, what], { stdin: 'ignore', stderr: 'inherit', reject: false });
+      if (r.exitCode !== 0) throw new Error(`test/helm/build.sh ${what} exited with ${r.exitCode} (its log is above)`);
+      return r.stdout.trim();
+    })();
+    p.catch(() => loaded.delete(what));
+    loaded.set(what, p);
+  }
+  return p;
+}
+
+export const helmPath = () => tool('helm');
+export const actionlintPath = () => tool('actionlint');
+/** The folder with monitoring.coreos.com_servicemonitors.yaml and monitoring.coreos.com_podmonitors.yaml. */
+export const prometheusCrdsDir = () => tool('prometheus-crds');
+
+/**
+ * helm with `args`, its caches and configuration in `home` (never the
+ * user's ~/.cache/helm or ~/.config/helm); throws with helm's stderr when it
+ * fails.
+ */
+export async function helm(home: string, args: string[], opts: { kubeconfig?: string; input?: string } = {}): Promise<string> {
+  const env: Record<string, string> = {
+    HELM_CACHE_HOME: `${home}/cache`,
+    HELM_CONFIG_HOME: `${home}/config`,
+    HELM_DATA_HOME: `${home}/data`,
+  };
+  if (opts.kubeconfig) env['KUBECONFIG'] = opts.kubeconfig;
+  const r = await execa(await helmPath(), args, { env, reject: false, ...(opts.input === undefined ? { stdin: 'ignore' as const } : { input: opts.input }) });
+  if (r.exitCode !== 0) throw new Error(`helm ${args.join(' ')} failed (${r.exitCode}):\n${r.stderr}\n${r.stdout}`);
+  return r.stdout;
+}
+
+/** An object as plain JSON: any field may be read or removed. */
+export type Obj = KubernetesObject & Record<string, any>;
+
+export function parseYaml(text: string): Obj[] {
+  return parseAllDocuments(text)
+    .map((d) => d.toJSON() as Obj | null)
+    .filter((o): o is Obj => o !== null);
+}
+
+export interface RenderedChart {
+  yaml: string;
+  objects: Obj[];
+}
+
+/** `helm template pier CHART --namespace pier-system` with `args` (e.g. --set, -f). */
+export async function template(home: string, args: string[] = []): Promise<RenderedChart> {
+  const yaml = await helm(home, ['template', 'pier', CHART, '--namespace', 'pier-system', ...args]);
+  return { yaml, objects: parseYaml(yaml) };
+}
