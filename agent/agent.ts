@@ -1,7 +1,8 @@
 // `pier agent`: the per-node data plane. Watches Services, EndpointSlices and
-// its own Node; renders the rules this node should hold (model.ts,
-// render.ts) and applies them (applier.ts); reports what it can do in its
-// Lease, in Events and in metrics. Rules stay in place when it stops.
+// its own Node; the engine (engine/) turns them into the model of what this
+// node serves, the backend chosen at start (backend.ts, backends.ts) renders
+// and applies its rules; reports what it can do in its Lease, in Events and
+// in metrics. Rules stay in place when it stops.
 import type { KubeConfig, V1Node, V1ObjectReference, V1Service } from '@kubernetes/client-node';
 import { addressInfo } from '../lib/address.ts';
 import { endpointSliceInformer, nodeInformer, serviceInformer } from '../lib/collections.ts';
@@ -14,20 +15,15 @@ import { LeaseRenewer } from '../lib/lease.ts';
 import type { Logger } from '../lib/log.ts';
 import { slimEndpointSlice, slimNode, slimService } from '../lib/slim.ts';
 import { VERSION } from '../lib/version.ts';
-import { Applier, eachFamily, type ApplyMode } from './applier.ts';
-import { autoRuleBackend, choiceReason, detectBackend } from './backend.ts';
-import { HeadStart } from './headstart.ts';
-import { Xtables, commandRunner, type Backend, type Runner } from './iptables.ts';
-import { NftApplier, findForwardDrops, nftUsable } from './nft-applier.ts';
-import { NftRenderer, nftCounts, nftScript, NFT_TABLE, type NftUpdate } from './nft.ts';
+import type { ApplyMode, Backend, BackendName, FamilyApplier, FamilyRenderer } from './backend.ts';
+import { openBackend, removeRules } from './backends.ts';
+import { Engine, familyChanges, type EngineResult } from './engine/engine.ts';
+import { HeadStart } from './engine/headstart.ts';
+import { nodeAddresses, problemKey, servedFamily, type Model, type Problem } from './engine/model.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
-import { problemKey, servedFamily, type Model, type Problem } from './model.ts';
-import { SyncPipeline } from './pipeline.ts';
-import { TABLES, type MarkBits, type Ruleset } from './render.ts';
-import { planText, restoreText } from './restore.ts';
-import { removePierRules } from './removal.ts';
 import { checkForwarding } from './sysctl.ts';
 import { Conntrack, describeCheck, flowFrontends, frontendsToCheck, type FlowFrontends } from './conntrack.ts';
+import { commandRunner, type Runner } from '../lib/run.ts';
 
 export interface AgentConfig {
   nodeName: string;
@@ -35,14 +31,14 @@ export interface AgentConfig {
   defaultClass: boolean;
   dryRun: boolean;
   setSysctls: boolean;
-  /** Which rules pier writes: iptables chains, or its own nftables table. */
-  backend: 'auto' | RuleBackend;
-  /** The iptables flavour, for the iptables backend. */
-  iptablesBackend: 'auto' | Backend;
+  /** Which rules pier writes (`--backend`): iptables chains, or its own nftables table. */
+  backend: 'auto' | BackendName;
+  /** The iptables flavour (`--iptables-backend`), for the iptables backend. */
+  iptablesBackend: 'auto' | 'nft' | 'legacy';
   /** Where backend and iptablesBackend were set (`--backend`, `PIER_BACKEND`, `the default`), for the log; flags when absent. */
   setBy?: { backend: string; iptablesBackend: string };
   /** The connection-mark bits pier's rules set (masks, e.g. 0x2000). */
-  marks: MarkBits;
+  marks: { accept: number; masquerade: number };
   maxPortsPerService: number;
   minSyncIntervalMs: number;
   resyncPeriodMs: number;
@@ -52,10 +48,11 @@ export interface AgentConfig {
   leaseRenewMs: number;
 }
 
-export type RuleBackend = 'iptables' | 'nftables';
-
-/** One family's rules for one sync, in the backend's form, and what rendering them cost. */
-type Rendered = { renderMs: number } & ({ kind: 'iptables'; ruleset: Ruleset } | { kind: 'nftables'; nft: NftUpdate });
+/** One family's rules for one sync, in the backend's form (opaque here), and what rendering them cost. */
+interface Rendered {
+  update: unknown;
+  renderMs: number;
+}
 
 /** What this node can do for one family, as the Lease reports it. */
 interface Capability {
@@ -66,7 +63,7 @@ interface Capability {
 export interface AgentDeps {
   kc: KubeConfig;
   log: Logger;
-  /** Runs iptables; tests and benchmarks aim it at a namespace. */
+  /** Runs the backend's tools; tests and benchmarks aim it at a namespace. */
   runner?: Runner;
   /** Where dry-run payloads go. */
   out?: (text: string) => void;
@@ -102,15 +99,13 @@ export class Agent {
   private lease: LeaseRenewer | undefined;
   private health: Awaited<ReturnType<typeof startHealthServer>> | undefined;
   private resyncTimer: NodeJS.Timeout | undefined;
-  private appliers = new Map<Family, Applier | NftApplier>();
-  private ruleBackend: RuleBackend = 'iptables';
-  private ruleBackendReason = '';
-  private backend: Backend = 'nft';
-  private backendReason = '';
-  /** Whether the other backend's rules were looked for (once, after the first good sync). */
+  /** The rule backend, chosen once by the first checkNode(). */
+  private backend: Backend | undefined;
+  /** Per family, the backend's renderer (kept between syncs) and, for families it can serve, its applier. */
+  private renderers = new Map<Family, FamilyRenderer<unknown>>();
+  private appliers = new Map<Family, FamilyApplier<unknown>>();
+  /** Whether the other backends' rules were looked for (once, after the first good sync). */
   private leftoversRemoved = false;
-  /** Other tables' forward chains whose policy drops, last reported (nftables backend). */
-  private forwardDrops = '';
   private capability: Record<Family, Capability> = {
     ipv4: { forwarding: false, reason: 'not checked yet' },
     ipv6: { forwarding: false, reason: 'not checked yet' },
@@ -118,17 +113,15 @@ export class Agent {
   /** Families whose last apply failed, with the error. */
   private applyErrors = new Map<Family, string>();
   private lastProblems = new Set<string>();
-  private dryRunApplied = new Map<Family, Ruleset | NftUpdate>();
-  /** The nftables backend's table per family, kept between syncs. */
-  private nftRenderers = new Map<Family, NftRenderer>();
+  private dryRunApplied = new Map<Family, unknown>();
   /** Per family, the UDP and SCTP frontends whose stale flows are gone; unset until the first clean-up. */
   private flowsCleaned = new Map<Family, FlowFrontends>();
   private conntrack = new Map<Family, Conntrack>();
   /** Retry of a failed flow clean-up: its delay, and the pending timer. */
   private flowRetry: { delayMs: number; timer?: NodeJS.Timeout } = { delayMs: FLOW_RETRY_MS };
-  /** Holds what each sync leaves for the next to reuse. */
-  private readonly pipeline: SyncPipeline;
-  /** Feeds the pipeline while the informers first list; gone once the first sync starts. */
+  /** Holds the model each sync leaves for the next to reuse. */
+  private readonly engine: Engine;
+  /** Feeds the engine while the informers first list; gone once the first sync starts. */
   private headStart: HeadStart | undefined;
   private syncs = 0;
   /** Every cache holds its first list; before that a sync would render (and apply) a partial cluster. */
@@ -160,14 +153,13 @@ export class Agent {
         if (node) this.listed((h) => h.node(nodeAddresses(node)));
       },
     });
-    this.pipeline = new SyncPipeline({
+    this.engine = new Engine({
       nodeName: cfg.nodeName,
       model: {
         loadBalancerClass: contract.LOAD_BALANCER_CLASS,
         defaultClass: cfg.defaultClass,
         maxPortsPerService: cfg.maxPortsPerService,
       },
-      render: { marks: cfg.marks },
     });
     this.events = new EventRecorder({ kc: deps.kc, controller: 'pier.dev/agent', instance: cfg.nodeName, log: this.log });
     this.coalescer = new Coalescer((o) => this.sync(o), {
@@ -212,39 +204,31 @@ export class Agent {
     });
     this.slices.onChange(onChange);
     this.nodes.onChange(onChange);
-    // The first sync's iptables-save is read, its iptables-restore started,
-    // and what each Service needs computed, while the informers list.
-    for (const applier of this.appliers.values()) if (applier instanceof Applier) void applier.prepare();
-    // The model is warmed either way; iptables rule texts only for the iptables backend.
+    // What the first sync's full write needs (a save, a waiting process) is
+    // started, and what each Service needs computed, while the informers list.
+    for (const applier of this.appliers.values()) applier.prepare();
     const families = this.renderedFamilies();
     // The rehearsal renders as the first sync will; a full write follows either way.
-    const rehearse = (model: Model) => {
+    const rehearse = ({ model, changes }: EngineResult) => {
       const started = performance.now();
-      for (const f of families) {
-        if (this.ruleBackend === 'iptables') this.pipeline.ruleset(model[f]);
-        else this.nftRenderer(f).update(model[f], { transaction: false });
-      }
+      for (const f of families) this.renderer(f).render(model[f], familyChanges(changes, f), { whole: true });
       const ports = families.reduce((n, f) => n + model[f].ports.length, 0);
       this.log.debug({ ports, ms: Math.round(performance.now() - started) }, "rendered the first sync's rules ahead, the lists' last pages still to come");
     };
-    this.headStart =
-      this.ruleBackend === 'iptables'
-        ? new HeadStart(this.pipeline, { families, rehearse })
-        : new HeadStart(this.pipeline, {
-            families: [],
-            prepare: (served) => {
-              const family = servedFamily(served);
-              if (served.frontends.length > 0 && families.includes(family)) this.nftRenderer(family).prepare(served);
-            },
-            rehearse,
-          });
+    this.headStart = new HeadStart(this.engine, {
+      prepare: (served) => {
+        const family = servedFamily(served);
+        if (served.frontends.length > 0 && families.includes(family)) this.renderer(family).prepare(served);
+      },
+      rehearse,
+    });
     for (const inf of [this.services, this.slices, this.nodes]) inf.start();
     await Promise.all([this.services.synced, this.slices.synced, this.nodes.synced]);
     await this.awaitControllerAnswer();
     if (this.stopped) return;
     this.cachesSynced = true;
-    const iptables = this.ruleBackend === 'iptables' ? { iptablesBackend: this.backend, iptablesBackendReason: this.backendReason } : {};
-    this.log.info({ backend: this.ruleBackend, backendReason: this.ruleBackendReason, ...iptables, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
+    const d = this.backend!.description;
+    this.log.info({ backend: d.name, backendReason: d.reason, ...d.logFields, dryRun: cfg.dryRun, healthPort: this.health.port }, 'agent started');
     this.coalescer.request({ verify: true });
     this.resyncTimer = setInterval(() => {
       void this.checkNode().then(() => this.coalescer.request({ verify: true }));
@@ -304,46 +288,12 @@ export class Agent {
     this.log.info({ waitedMs: Math.round(performance.now() - first.at), answered: answer.at > first.at }, 'the first sync follows the controller\'s answer');
   }
 
-  /** The rule backend and, for iptables, its flavour: chosen once, before the first applier exists. */
-  private async chooseBackends(runner: Runner): Promise<void> {
-    const cfg = this.cfg;
-    const setBy = this.setBy();
-    if (cfg.iptablesBackend === 'auto') {
-      const choice = await detectBackend(runner);
-      this.backend = choice.backend;
-      this.backendReason = choiceReason(setBy.iptablesBackend, choice.reason);
-    } else {
-      this.backend = cfg.iptablesBackend;
-      this.backendReason = choiceReason(setBy.iptablesBackend);
-    }
-    if (cfg.backend !== 'auto') {
-      this.ruleBackend = cfg.backend;
-      this.ruleBackendReason = choiceReason(setBy.backend);
-      return;
-    }
-    const xtError = await this.iptablesError('ipv4', runner);
-    const nft = xtError ? await nftUsable(runner) : undefined;
-    const auto = autoRuleBackend(xtError, nft);
-    this.ruleBackend = auto.backend;
-    this.ruleBackendReason = choiceReason(setBy.backend, auto.found);
-  }
-
   private setBy(): { backend: string; iptablesBackend: string } {
     return this.cfg.setBy ?? { backend: '--backend', iptablesBackend: '--iptables-backend' };
   }
 
-  /** Why iptables cannot serve `family` on this host, if it cannot. */
-  private async iptablesError(family: Family, runner: Runner): Promise<string | undefined> {
-    const xt = new Xtables(family, this.backend, runner);
-    for (const table of TABLES) {
-      const t = await xt.hasTable(table);
-      if (!t.ok) return `${family === 'ipv4' ? 'iptables' : 'ip6tables'} has no usable ${table} table: ${t.error}`;
-    }
-    return undefined;
-  }
-
   /**
-   * Once this backend's rules are in place: the other backend's, which an
+   * Once this backend's rules are in place: the other backends', which an
    * agent before a switch of --backend left (both would DNAT; the first nat
    * chain to bind a connection wins), go. As kube-proxy cleans up after its
    * other modes. Never fails the sync: a host without the other tool has
@@ -351,39 +301,36 @@ export class Agent {
    */
   private async removeLeftovers(): Promise<void> {
     this.leftoversRemoved = true;
-    const nftables = this.ruleBackend === 'iptables';
-    const results = await removePierRules(this.deps.runner ?? commandRunner(), { iptables: nftables ? [] : ['nft', 'legacy'], nftables });
+    const name = this.backend!.description.name;
+    const results = await removeRules(this.runner(), { iptablesFlavour: 'auto', explain: false }, name);
     for (const r of results) if (r.error !== undefined) this.log.debug({ err: r.error }, `looking for pier's ${r.part} rules failed`);
     const removed = results.filter((r) => r.removed > 0).map((r) => `${r.part}: ${r.summary}`);
-    if (removed.length > 0) this.log.info({ removed }, `removed pier's rules of the other backend (now ${this.ruleBackend})`);
+    if (removed.length > 0) this.log.info({ removed }, `removed pier's rules of the other backend (now ${name})`);
+  }
+
+  private runner(): Runner {
+    return this.deps.runner ?? commandRunner();
   }
 
   /** Forwarding sysctls, the rule backend and its tables: what this node can serve. */
   async checkNode(): Promise<void> {
     const cfg = this.cfg;
-    const runner = this.deps.runner ?? commandRunner();
-    if (this.appliers.size === 0) {
-      if (cfg.dryRun) {
-        // Nothing is run in a dry run; auto prints what the default would write.
-        this.ruleBackend = cfg.backend === 'nftables' ? 'nftables' : 'iptables';
-        this.ruleBackendReason = choiceReason(this.setBy().backend, cfg.backend === 'auto' ? 'a dry run shows iptables' : undefined);
-      } else await this.chooseBackends(runner);
-      // A dry run detects no iptables flavour: the label stays empty rather than guess.
-      this.metrics.buildInfo(this.ruleBackend, this.ruleBackend === 'iptables' && !cfg.dryRun ? this.backend : '');
+    const runner = this.runner();
+    if (!this.backend) {
+      const ctx = { runner, log: this.log, metrics: this.metrics, marks: cfg.marks, warn: (reason: string, note: string, fields: Record<string, unknown>) => this.warnNode(reason, note, fields) };
+      this.backend = await openBackend(ctx, { backend: cfg.backend, iptablesFlavour: cfg.iptablesBackend, setBy: this.setBy(), dryRun: cfg.dryRun });
+      this.metrics.buildInfo(this.backend.description.name, this.backend.description.flavour);
     }
-    const nftables = this.ruleBackend === 'nftables';
-    const nftError = nftables && !cfg.dryRun ? await nftUsable(runner) : undefined;
-    if (nftables && !cfg.dryRun) await this.reportForwardDrops(runner);
+    const backend = this.backend;
+    if (!cfg.dryRun) await backend.checkHost();
     for (const family of contract.FAMILIES) {
       const fwd = await checkForwarding(family, { set: cfg.setSysctls && !cfg.dryRun, root: this.deps.procSys });
       let tableError: string | undefined;
       if (!cfg.dryRun) {
-        tableError = nftables ? (nftError?.ok === false ? `nft is not usable: ${nftError.error}` : undefined) : await this.iptablesError(family, runner);
+        tableError = (await backend.check(family))[0]?.lease;
         // Rules are programmed even while forwarding is off, so they work the
         // moment it is turned on; only unusable tables keep a family out.
-        if (!tableError && !this.appliers.has(family)) {
-          this.appliers.set(family, nftables ? new NftApplier(family, runner, this.log, this.metrics) : new Applier(new Xtables(family, this.backend, runner), this.log, this.metrics));
-        }
+        if (!tableError && !this.appliers.has(family)) this.appliers.set(family, backend.applier(family));
       }
       const cap: Capability = tableError
         ? { forwarding: false, reason: tableError }
@@ -404,34 +351,18 @@ export class Agent {
     }
   }
 
-  /**
-   * An accept in pier's nftables table cannot override a drop in another
-   * table's forward chain: say so (log and Event) whenever the set of such
-   * chains changes, since what pier DNATs to other hosts then passes only
-   * if the host's own rules accept it.
-   */
-  private async reportForwardDrops(runner: Runner): Promise<void> {
-    let drops: string[];
-    try {
-      drops = await findForwardDrops(runner);
-    } catch {
-      return;
-    }
-    const now = drops.join(', ');
-    if (now === this.forwardDrops) return;
-    this.forwardDrops = now;
-    if (drops.length === 0) return;
-    const note = `forward chains with policy drop (${now}): pier's nftables table cannot accept across tables; add an accept for DNATed connections (iptables -A FORWARD -m conntrack --ctstate DNAT -j ACCEPT and the same with ip6tables, or ct status dnat accept in an nftables forward chain) or run pier with --backend iptables`;
-    this.log.warn({ chains: drops }, note);
-    this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason: 'ForwardPolicyDrop', action: 'Check', note });
+  /** A condition of this node an operator should know: a log line and a Warning Event on the Node. */
+  private warnNode(reason: string, note: string, fields: Record<string, unknown>): void {
+    this.log.warn(fields, note);
+    this.events.record({ regarding: this.nodeRef(), type: 'Warning', reason, action: 'Check', note });
   }
 
   private leaseAnnotations(): Record<string, string> {
     const a: Record<string, string> = {
       [contract.LEASE_NODE]: this.cfg.nodeName,
-      [contract.LEASE_BACKEND]: this.ruleBackend,
+      [contract.LEASE_BACKEND]: this.backend?.description.name ?? '',
       // Only the iptables backend has a flavour.
-      [contract.LEASE_IPTABLES_BACKEND]: this.ruleBackend === 'iptables' ? this.backend : '',
+      [contract.LEASE_IPTABLES_BACKEND]: this.backend?.description.flavour ?? '',
       [contract.LEASE_VERSION]: VERSION,
     };
     const keys = {
@@ -484,27 +415,26 @@ export class Agent {
       return;
     }
     this.syncs++;
-    // A full rewrite's iptables-save runs, and its iptables-restore starts, while the rules are computed.
-    for (const applier of this.appliers.values()) if (applier instanceof Applier) void applier.prepare();
+    // What a full write needs (an iptables-save, a waiting iptables-restore) starts while the rules are computed.
+    for (const applier of this.appliers.values()) applier.prepare();
     // Incremental: the informers hand out the same object for an unchanged
     // Service or slice, so only what changed since the last sync is redone.
-    // Both families' rules first, then their restores: a restore reads its
-    // input while this thread is free to write it, and nft runs the two side
-    // by side (eachFamily).
+    // Both families' rules first, then their applies: a tool reads its
+    // input while this thread is free to write it, and the backend may run
+    // the two side by side (eachFamily).
     const families = this.renderedFamilies();
     const planned = new Map<Family, Rendered>();
     let model: Model;
     try {
-      model = this.pipeline.model({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
+      const result = this.engine.update({ nodeAddresses: nodeAddresses(node), services: this.services.list(), slices: this.slices.list() });
+      model = result.model;
       this.report(model.problems);
       for (const family of families) {
         const started = performance.now();
-        const rendered: Rendered =
-          this.ruleBackend === 'nftables'
-            ? { kind: 'nftables', nft: this.nftRenderer(family).update(model[family], { transaction: this.nftTransaction(family) }), renderMs: 0 }
-            : { kind: 'iptables', ruleset: this.pipeline.ruleset(model[family]), renderMs: 0 };
-        rendered.renderMs = performance.now() - started;
-        planned.set(family, rendered);
+        // No change needs spelling when the apply writes everything anyway.
+        const whole = this.appliers.get(family)?.holdsRules === false;
+        const update = this.renderer(family).render(model[family], familyChanges(result.changes, family), { whole });
+        planned.set(family, { update, renderMs: performance.now() - started });
       }
     } catch (err) {
       // A bug, not input: the engine already retried from an empty state.
@@ -515,8 +445,7 @@ export class Agent {
       this.log.error({ err: msg, stack: (err as Error).stack }, 'computing the rules failed; the rules in place are kept');
       return;
     }
-    // nft takes no lock: both families side by side, as iptables-nft.
-    const outcomes = await eachFamily(this.ruleBackend === 'nftables' ? 'nft' : this.backend, families, async (family) => {
+    const outcomes = await this.backend!.eachFamily(families, async (family) => {
       const ok = await this.applyFamily(family, planned.get(family)!, opts);
       // Only once the rules that should serve a flow are in place: the
       // flow's next packet must meet them.
@@ -538,9 +467,12 @@ export class Agent {
   private async applyFamily(family: Family, rendered: Rendered, opts: { verify: boolean }): Promise<boolean> {
     const started = performance.now();
     try {
-      const mode = this.cfg.dryRun ? this.printDryRun(family, rendered) : await this.applyRendered(family, rendered, opts);
+      const mode = this.cfg.dryRun ? this.printDryRun(family, rendered.update) : (await this.appliers.get(family)!.apply(rendered.update, opts)).mode;
       this.metrics.syncDuration.observe({ family, mode }, (rendered.renderMs + performance.now() - started) / 1000);
-      this.countRules(family, rendered);
+      for (const c of this.renderer(family).count(rendered.update)) {
+        this.metrics.rules.set({ family, table: c.table }, c.rules);
+        this.metrics.chains.set({ family, table: c.table }, c.chains);
+      }
       if (this.applyErrors.delete(family)) this.lease?.renewNow();
       return true;
     } catch (err) {
@@ -554,53 +486,17 @@ export class Agent {
     }
   }
 
-  /** Whether a change to the nftables table is worth a transaction: not when it is written whole anyway. */
-  private nftTransaction(family: Family): boolean {
-    const applier = this.appliers.get(family);
-    return !(applier instanceof NftApplier) || applier.holdsTable;
-  }
-
-  private nftRenderer(family: Family): NftRenderer {
-    let r = this.nftRenderers.get(family);
-    if (!r) this.nftRenderers.set(family, (r = new NftRenderer(family, this.cfg.marks.masquerade)));
+  /** The backend's renderer for `family`, made on first use and kept. */
+  private renderer(family: Family): FamilyRenderer<unknown> {
+    let r = this.renderers.get(family);
+    if (!r) this.renderers.set(family, (r = this.backend!.renderer(family)));
     return r;
   }
 
-  private async applyRendered(family: Family, r: Rendered, opts: { verify: boolean }): Promise<ApplyMode> {
-    const applier = this.appliers.get(family)!;
-    if (r.kind === 'nftables') return (await (applier as NftApplier).apply(r.nft, opts)).mode;
-    return (await (applier as Applier).apply(r.ruleset, opts)).mode;
-  }
-
-  private countRules(family: Family, r: Rendered): void {
-    if (r.kind === 'nftables') {
-      const { rules, chains } = nftCounts(r.nft.state);
-      this.metrics.rules.set({ family, table: NFT_TABLE }, rules);
-      this.metrics.chains.set({ family, table: NFT_TABLE }, chains);
-      return;
-    }
-    for (const table of TABLES) {
-      const t = r.ruleset.tables[table];
-      let rules = t.jumps.length;
-      for (const c of t.chains.values()) rules += c.length;
-      this.metrics.rules.set({ family, table }, rules);
-      this.metrics.chains.set({ family, table }, t.chains.size);
-    }
-  }
-
-  private printDryRun(family: Family, r: Rendered): ApplyMode {
+  private printDryRun(family: Family, update: unknown): ApplyMode {
     const previous = this.dryRunApplied.get(family);
-    let payload: string;
-    let tool: string;
-    if (r.kind === 'nftables') {
-      payload = previous && r.nft.delta !== undefined ? r.nft.delta : nftScript(r.nft.state);
-      tool = 'nft -f';
-      this.dryRunApplied.set(family, r.nft);
-    } else {
-      payload = previous ? restoreText(r.ruleset, { previous: previous as Ruleset }) : planText(r.ruleset);
-      tool = `${family === 'ipv4' ? 'iptables' : 'ip6tables'}-restore --noflush`;
-      this.dryRunApplied.set(family, r.ruleset);
-    }
+    const { tool, text: payload } = this.renderer(family).text(update, previous);
+    this.dryRunApplied.set(family, update);
     const out = this.deps.out ?? ((t: string) => process.stdout.write(t));
     const head = `# pier agent --dry-run: node ${this.cfg.nodeName}, ${family}, sync ${this.syncs}`;
     if (payload === '') {
@@ -627,7 +523,7 @@ export class Agent {
       return;
     }
     let ct = this.conntrack.get(family);
-    if (!ct) this.conntrack.set(family, (ct = new Conntrack(family, this.deps.runner ?? commandRunner())));
+    if (!ct) this.conntrack.set(family, (ct = new Conntrack(family, this.runner())));
     try {
       const { deletions, deleted } = await ct.clean(checks);
       this.flowsCleaned.set(family, now);
@@ -682,11 +578,5 @@ export class Agent {
   }
 }
 
-/** The addresses the controller may advertise for this node: InternalIP and ExternalIP. */
-export function nodeAddresses(node: V1Node): string[] {
-  return (node.status?.addresses ?? [])
-    .filter((a) => a.type === 'InternalIP' || a.type === 'ExternalIP')
-    .map((a) => a.address);
-}
-
+export { nodeAddresses };
 export type { Model };

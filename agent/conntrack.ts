@@ -15,8 +15,9 @@
 // entries); the Conntrack class is the adapter that runs `conntrack`.
 import type { Family } from '../lib/contract.ts';
 import { addressInfo } from '../lib/address.ts';
-import type { FamilyModel, Protocol, ServedPort } from './model.ts';
-import type { Runner } from './iptables.ts';
+import type { FamilyModel, Protocol, ServedPort } from './engine/model.ts';
+import { PROTOCOL, protocolOfWord } from '../lib/protocols.ts';
+import type { Runner } from '../lib/run.ts';
 
 /** The protocols whose flows outlive rule changes. */
 export type FlowProtocol = 'UDP' | 'SCTP';
@@ -135,8 +136,8 @@ export function parseFlows(text: string): FlowEntry[] {
   const out: FlowEntry[] = [];
   for (const line of text.split('\n')) {
     const words = line.trim().split(/\s+/);
-    const protocol = words[0] === 'udp' ? 'UDP' : words[0] === 'sctp' ? 'SCTP' : undefined;
-    if (!protocol) continue;
+    const protocol = protocolOfWord(words[0]);
+    if (!protocol || !isFlowProtocol(protocol)) continue;
     const seen: Record<string, string[]> = {};
     for (const w of words) {
       const eq = w.indexOf('=');
@@ -157,7 +158,7 @@ export function parseFlows(text: string): FlowEntry[] {
 /** The conntrack arguments that delete one FlowDeletion's entries. */
 export function deletionArgs(family: Family, d: FlowDeletion): string[] {
   return [
-    '-D', '-f', family, '-p', d.protocol.toLowerCase(),
+    '-D', '-f', family, '-p', PROTOCOL[d.protocol].word,
     '--orig-dst', d.address, '--orig-port-dst', String(d.port),
     '--reply-src', d.replySrc, '--reply-port-src', String(d.replySport),
   ];
@@ -169,7 +170,7 @@ export function deletionArgs(family: Family, d: FlowDeletion): string[] {
  */
 export function describeCheck(f: FlowFrontend): string {
   const kept = f.endpoints.length === 0 ? 'every one of them (the frontend has no endpoint)' : `those not DNATed to ${f.endpoints.map((e) => bracket(e)).join(', ')}`;
-  return `# conntrack: delete the ${f.protocol.toLowerCase()} flows to ${bracket(endpointKey(f.address, f.port))}: ${kept}\n`;
+  return `# conntrack: delete the ${PROTOCOL[f.protocol].word} flows to ${bracket(endpointKey(f.address, f.port))}: ${kept}\n`;
 }
 
 function bracket(key: string): string {
@@ -193,7 +194,7 @@ export class Conntrack {
 
   /** The entries of one protocol whose original destination is `address`. */
   async list(protocol: FlowProtocol, address: string): Promise<FlowEntry[]> {
-    const args = ['-L', '-f', this.family, '-p', protocol.toLowerCase(), '--orig-dst', address];
+    const args = ['-L', '-f', this.family, '-p', PROTOCOL[protocol].word, '--orig-dst', address];
     const r = await this.run('conntrack', args);
     if (r.exitCode !== 0) throw new ConntrackError(`conntrack ${args.join(' ')} failed: ${r.stderr.trim() || `exit code ${r.exitCode}`}`);
     return parseFlows(r.stdout);

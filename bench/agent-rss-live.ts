@@ -19,7 +19,7 @@
 //                                      NODE_OPTIONS); an empty entry: Node's defaults.
 //                                      Default: the flags Dockerfile.agent's ENTRYPOINT
 //                                      gives, then Node's defaults
-//   PIER_BENCH_AGENT_SOURCE=1          run lib/cli.ts through Node's type stripping instead
+//   PIER_BENCH_AGENT_SOURCE=1          run cmd/cli.ts through Node's type stripping instead
 //   PIER_BENCH_HOLD=1                  keep the cluster up at the end (Ctrl-C cleans up)
 //   PIER_BENCH_KUBECONFIG=<file>       measure against a cluster a held run left up
 //                                      (its objects already created), not a new one
@@ -232,7 +232,7 @@ try {
   const kc = loadKubeConfig({ kubeconfig }).kc;
   const core = kc.makeApiClient(CoreV1Api);
   const discovery = kc.makeApiClient(DiscoveryV1Api);
-  const cli = process.env['PIER_BENCH_AGENT_CLI'] ?? (fromSource ? join(ROOT, 'lib', 'cli.ts') : await bundledAgent());
+  const cli = process.env['PIER_BENCH_AGENT_CLI'] ?? (fromSource ? join(ROOT, 'cmd', 'cli.ts') : await bundledAgent());
   const label = (nodeFlags: string) => (nodeFlags === '' ? 'node (defaults)' : `node ${nodeFlags}`);
   const floors = new Map<string, Run>();
 

@@ -39,9 +39,10 @@ stages['node'] = await settle();
 // The agent's own module graph (client-node, prom-client, pino, pier's lib),
 // then what this measurement drives directly.
 await import('../agent/agent.ts');
-const { SyncPipeline } = await import('../agent/pipeline.ts');
-const { Applier } = await import('../agent/applier.ts');
-const { Xtables, commandRunner } = await import('../agent/iptables.ts');
+const { SyncPipeline } = await import('../test/support/pipeline.ts');
+const { Applier } = await import('../agent/iptables/applier.ts');
+const { Xtables } = await import('../agent/iptables/xtables.ts');
+const { commandRunner } = await import('../lib/run.ts');
 const { LOAD_BALANCER_CLASS } = await import('../lib/contract.ts');
 const { slimEndpointSlice, slimService } = await import('../lib/slim.ts');
 stages['modules'] = await settle();

@@ -2,8 +2,8 @@
 // network namespaces (root needed). Prints times with their ratios and a
 // PASS/MISS line per target of the agent's scale issue.
 //
-// Every step is what Agent.sync does: Applier.prepare, SyncPipeline.model on
-// the informers' objects, SyncPipeline.ruleset, Applier.apply. As in the
+// Every step is what Agent.sync does: Applier.prepare, the engine's model of
+// the informers' objects, the iptables renderer's ruleset, Applier.apply. As in the
 // informers' caches, objects are decoded from JSON and keep their identity
 // between syncs: a no-op sync hands over the same objects again, and "one
 // Service changed" replaces only that Service's EndpointSlice with a new one.
@@ -35,15 +35,15 @@ import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { Applier, eachFamily, findDrift, diffJumps, type ApplyResult } from '../agent/applier.ts';
-import { HeadStart, type HeadStartOptions } from '../agent/headstart.ts';
-import { Xtables, commandRunner, type Backend, type Runner } from '../agent/iptables.ts';
-import { NftApplier, type NftApplyResult } from '../agent/nft-applier.ts';
-import { NftRenderer } from '../agent/nft.ts';
-import { SyncPipeline } from '../agent/pipeline.ts';
-import type { Ruleset } from '../agent/render.ts';
-import { parseSave, restoreText, splitRule } from '../agent/restore.ts';
-import type { ServedPort } from '../agent/model.ts';
+import { Applier, eachFamily, findDrift, diffJumps, type ApplyResult } from '../agent/iptables/applier.ts';
+import { Xtables, type IptablesFlavour } from '../agent/iptables/xtables.ts';
+import { commandRunner, type Runner } from '../lib/run.ts';
+import { NftApplier, type NftApplyResult } from '../agent/nftables/applier.ts';
+import { NftRenderer } from '../agent/nftables/render.ts';
+import { SyncPipeline, type HeadStartSetup } from '../test/support/pipeline.ts';
+import type { Ruleset } from '../agent/iptables/render.ts';
+import { parseSave, restoreText, splitRule } from '../agent/iptables/restore.ts';
+import type { ServedPort } from '../agent/engine/model.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../test/lab/scratch.ts';
 import { ROOT, transpile } from './transpile.ts';
@@ -57,7 +57,7 @@ const MARKS = { accept: 0x2000, masquerade: 0x1000 };
 const sizes = (process.env['PIER_BENCH_SIZES'] ?? '100,1000,10000').split(',').map(Number);
 const repeat = Number(process.env['PIER_BENCH_REPEAT'] ?? '5');
 const coldRepeat = Number(process.env['PIER_BENCH_COLD_REPEAT'] ?? '9');
-const backend = (process.env['PIER_BENCH_BACKEND'] ?? 'nft') as Backend;
+const backend = (process.env['PIER_BENCH_BACKEND'] ?? 'nft') as IptablesFlavour;
 const rssPorts = Number(process.env['PIER_BENCH_RSS_PORTS'] ?? String(Math.max(...sizes)));
 const dualPorts = Number(process.env['PIER_BENCH_DUAL_PORTS'] ?? String(Math.max(...sizes)));
 const dualRepeat = Number(process.env['PIER_BENCH_DUAL_REPEAT'] ?? '5');
@@ -155,8 +155,8 @@ const PAGE = 500;
  * remainingItemCount does, all but the last of each. Returns the rest: the
  * last pages, which arrive when the lists end, on the cold sync's clock.
  */
-function listAhead(p: SyncPipeline, objs: Objects, addresses: string[], opts: HeadStartOptions): () => void {
-  const head = new HeadStart(p, opts);
+function listAhead(p: SyncPipeline, objs: Objects, addresses: string[], opts: HeadStartSetup): () => void {
+  const head = p.headStart(opts);
   head.node(addresses);
   const pages = <T>(list: T[]) => Array.from({ length: Math.ceil(list.length / PAGE) }, (_, i) => list.slice(i * PAGE, (i + 1) * PAGE));
   const left = (list: unknown[], i: number) => Math.max(0, list.length - (i + 1) * PAGE);
@@ -456,12 +456,12 @@ for (const n of sizes) {
       try {
         const nftSync = async (verify = false): Promise<NftApplyResult> => {
           const model = p.model({ nodeAddresses: [NODE_IP], services: [...objs.services], slices: [...objs.slices] });
-          return applier.apply(renderer.update(model.ipv4, { transaction: applier.holdsTable }), { verify });
+          return applier.apply(renderer.update(model.ipv4, { transaction: applier.holdsTable, changes: p.changes('ipv4') }), { verify });
         };
         const listed = listAhead(p, objs, [NODE_IP], {
           families: [],
           prepare: (served) => renderer.prepare(served),
-          rehearse: (model) => renderer.update(model.ipv4, { transaction: false }),
+          rehearse: (model) => renderer.update(model.ipv4, { transaction: false, changes: p.changes('ipv4') }),
         });
         const t0 = performance.now();
         listed();

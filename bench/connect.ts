@@ -50,16 +50,18 @@ import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
-import { walk } from '../agent/interp.ts';
-import { binaries, commandRunner, Xtables, type Backend } from '../agent/iptables.ts';
-import { nftScript, renderNft } from '../agent/nft.ts';
-import { SyncPipeline } from '../agent/pipeline.ts';
-import type { Ruleset } from '../agent/render.ts';
-import { planText } from '../agent/restore.ts';
+import { walk } from '../agent/iptables/interp.ts';
+import { binaries, Xtables, type IptablesFlavour } from '../agent/iptables/xtables.ts';
+import { commandRunner } from '../lib/run.ts';
+import { nftScript } from '../agent/nftables/render.ts';
+import { SyncPipeline } from '../test/support/pipeline.ts';
+import type { Ruleset } from '../agent/iptables/render.ts';
+import { planText } from '../agent/iptables/restore.ts';
 import { LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { Lab } from '../test/lab/lab.ts';
 import { endpointSlice, lbService } from '../test/support/objects.ts';
 import { ROOT } from './transpile.ts';
+import { renderNft } from '../test/support/oracle.ts';
 
 const NODE = 'bench-node';
 const CLIENT_IP = '198.51.100.101';
@@ -75,7 +77,7 @@ const sizes = (process.env['PIER_BENCH_CONNECT_SIZES'] ?? '100,10000').split(','
 const count = Number(process.env['PIER_BENCH_CONNECTS'] ?? '4000');
 const block = Number(process.env['PIER_BENCH_CONNECT_BLOCK'] ?? '20');
 const runs = Number(process.env['PIER_BENCH_CONNECT_RUNS'] ?? '3');
-const backend = (process.env['PIER_BENCH_BACKEND'] ?? 'nft') as Backend;
+const backend = (process.env['PIER_BENCH_BACKEND'] ?? 'nft') as IptablesFlavour;
 /** Per case and run, not kept. */
 const WARMUP = 100;
 /** Bytes each way per round trip: a small request and its answer. */

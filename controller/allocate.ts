@@ -16,6 +16,14 @@
 //    which survives while the Service has no ingress). A remembered port is
 //    kept while it is valid; ports are drawn only for what holds nothing, so
 //    that feeding this function its own output returns the same output.
+//
+// How addresses are chosen (chooseAddresses): every eligible node's address
+// while a family has at most `maxAddresses` (K) eligible nodes, which is how
+// small clusters have always been served; beyond that K per family, by
+// rendezvous hashing of the Service's namespace/name and the node's name,
+// keeping what the status already lists while it stays eligible and ranked
+// within the Service's best 2K nodes. A node's loss therefore rewrites only
+// the Services that listed it, and a restart moves nothing.
 import type { V1EndpointConditions, V1EndpointSlice, V1Lease, V1Node, V1Service, V1ServicePort } from '@kubernetes/client-node';
 import { compareText, parseAddress, type ParsedAddress as Address } from '../lib/address.ts';
 
@@ -23,6 +31,7 @@ import {
   EXCLUDE_FROM_LB_LABEL,
   LEASE_FORWARDING_IPV4,
   LEASE_FORWARDING_IPV6,
+  MAX_ADDRESSES,
   POOL,
   PORT_MAPPING_ANNOTATION,
   PORT_MODE,
@@ -33,6 +42,7 @@ import {
 import { leaseIsFresh } from '../lib/lease.ts';
 import { SERVICE_NAME_LABEL, safely, serviceKey, timestamp } from '../lib/objects.ts';
 import type { Problem } from '../lib/problem.ts';
+import { isProtocol } from '../lib/protocols.ts';
 
 export type { Family };
 
@@ -59,6 +69,36 @@ export interface AllocatorConfig {
   allocateRange: PortRange;
   /** Services with more ports are not served at all; agents refuse them too. */
   maxPortsPerService?: number;
+  /**
+   * Per Service and family, at most this many node addresses (K); Infinity
+   * lists every eligible node. A Service's MAX_ADDRESSES annotation overrides
+   * it. Default DEFAULT_MAX_ADDRESSES.
+   */
+  maxAddresses?: number;
+}
+
+/**
+ * Clusters of up to 16 nodes (per pool and family) keep every node in every
+ * Service's status, as before there was a bound; beyond that a status stays
+ * small (16 entries per family, ~1.5 KB of JSON for a one-port Service) and a
+ * Service's traffic still spreads over 16 nodes.
+ */
+export const DEFAULT_MAX_ADDRESSES = 16;
+
+/** `all` (Infinity) or a positive integer, as the flag and the annotation take it; undefined for anything else. */
+export function parseMaxAddresses(value: unknown): number | undefined {
+  if (typeof value !== 'string') return undefined;
+  const text = value.trim();
+  if (text === 'all') return Number.POSITIVE_INFINITY;
+  if (!/^\d+$/.test(text)) return undefined;
+  const n = Number(text);
+  if (n < 1) return undefined;
+  return Number.isSafeInteger(n) ? n : Number.POSITIVE_INFINITY;
+}
+
+/** How a bound reads in messages: `16` or `all`. */
+export function formatMaxAddresses(n: number): string {
+  return n === Number.POSITIVE_INFINITY ? 'all' : String(n);
 }
 
 export const DEFAULT_RESERVED_PORTS: readonly PortRange[] = [
@@ -96,6 +136,7 @@ export const REASONS = {
   invalidPort: 'InvalidPort',
   unsupportedProtocol: 'UnsupportedProtocol',
   invalidPortMode: 'InvalidPortMode',
+  invalidMaxAddresses: 'InvalidMaxAddresses',
   invalidIPFamily: 'InvalidIPFamily',
   invalidService: 'InvalidService',
 } as const;
@@ -108,6 +149,7 @@ export function defaultAllocatorConfig(overrides: Partial<AllocatorConfig> = {})
     agentNamespace: 'pier-system',
     reservedPorts: DEFAULT_RESERVED_PORTS,
     allocateRange: DEFAULT_ALLOCATE_RANGE,
+    maxAddresses: DEFAULT_MAX_ADDRESSES,
     ...overrides,
   };
 }
@@ -325,8 +367,6 @@ function readNodePorts(services: V1Service[]): NodePorts {
 // ---------------------------------------------------------------------------
 // Reading a Service
 
-const PROTOCOLS = ['TCP', 'UDP', 'SCTP'];
-
 interface SpecPort {
   index: number;
   /** The spec port; 0 when the spec has none that is valid. */
@@ -349,6 +389,14 @@ interface ServiceRequest {
   pool: string;
   allocateMode: boolean;
   requested: unknown[];
+  /** Per family, at most this many addresses (K); Infinity for all. */
+  maxAddresses: number;
+  /** status.loadBalancer.ingress as it is now, unread. */
+  statusIngress: unknown;
+  /** The canonical addresses statusIngress lists, read once a family has more than K eligible nodes. */
+  listed?: Set<string>;
+  /** hashText(key), once a family has more than K eligible nodes. */
+  hash?: number;
   /** Per spec port, the external ports its status and annotation remember, best first. */
   remembered: number[][];
   warnings: Problem[];
@@ -388,6 +436,20 @@ function readService(svc: V1Service, config: AllocatorConfig): Omit<ServiceReque
     });
   }
 
+  const maxAnnotation = annotations[MAX_ADDRESSES];
+  const defaultMax = config.maxAddresses ?? DEFAULT_MAX_ADDRESSES;
+  let maxAddresses = defaultMax;
+  if (maxAnnotation !== undefined && maxAnnotation !== '') {
+    const parsed = parseMaxAddresses(maxAnnotation);
+    if (parsed !== undefined) maxAddresses = parsed;
+    else {
+      warnings.push({
+        reason: REASONS.invalidMaxAddresses,
+        message: `annotation ${MAX_ADDRESSES}=${JSON.stringify(maxAnnotation)} is neither a positive integer nor "all"; using ${formatMaxAddresses(defaultMax)} (the controller's --max-addresses) addresses per family`,
+      });
+    }
+  }
+
   const families: Family[] = [];
   const rawFamilies: unknown[] = Array.isArray(svc.spec?.ipFamilies) ? svc.spec.ipFamilies : [];
   for (const f of rawFamilies) {
@@ -404,7 +466,7 @@ function readService(svc: V1Service, config: AllocatorConfig): Omit<ServiceReque
     const name = typeof sp?.name === 'string' ? sp.name : '';
     const port = isPort(sp?.port) ? sp.port : 0;
     const out: SpecPort = { index, port, protocol, name };
-    if (!PROTOCOLS.includes(protocol)) out.error = REASONS.unsupportedProtocol;
+    if (!isProtocol(protocol)) out.error = REASONS.unsupportedProtocol;
     else if (port === 0) out.error = REASONS.invalidPort;
     return out;
   });
@@ -429,6 +491,8 @@ function readService(svc: V1Service, config: AllocatorConfig): Omit<ServiceReque
     pool,
     allocateMode,
     requested: lbIP === undefined || lbIP === null || lbIP === '' ? [] : [lbIP],
+    maxAddresses,
+    statusIngress: safely(() => svc.status?.loadBalancer?.ingress, undefined),
     remembered: allocateMode ? rememberedPorts(svc, ports, annotations[PORT_MAPPING_ANNOTATION]) : ports.map(() => []),
     warnings,
     ...(blocked ? { blocked } : {}),
@@ -485,11 +549,57 @@ function mappingKey(sp: SpecPort): string {
 // Choosing addresses
 
 /** Why a node does not serve a Service in a family, in the order they are checked. */
-const EXCLUSIONS = ['pool', 'notReady', 'excluded', 'noAgent', 'agentStale', 'notForwarding', 'noAddress', 'noEndpoint'] as const;
+const EXCLUSIONS = ['pool', 'notReady', 'excluded', 'noAgent', 'agentStale', 'notForwarding', 'noAddress', 'noEndpoint', 'notChosen'] as const;
 export type Exclusion = (typeof EXCLUSIONS)[number];
 
 /** Per family, the only nodes that may serve a Service, with their ready endpoints: set for Local Services (localNodes). */
 type Only = Partial<Serving>;
+
+/** The nodes of one pool that could serve one family, before any Service's endpoints count. */
+interface PoolView {
+  /** In name order. */
+  nodes: NodeView[];
+  names: Set<string>;
+  /** How many nodes each exclusion keeps out. */
+  tally: Map<Exclusion, number>;
+  /** hashText() of each node's name, in `nodes` order, once a Service of the pool needs them. */
+  hashes?: Uint32Array;
+}
+
+/**
+ * The nodes as every Service sees them. What a Cluster Service may use
+ * depends only on its pool and family, so it is judged once per allocation
+ * and pool, not once per Service: at thousands of nodes and Services the
+ * per-Service walk over every node was most of the work.
+ */
+interface Cluster {
+  /** In name order. */
+  nodes: NodeView[];
+  byName: Map<string, NodeView>;
+  /** Per pool name, per family. */
+  pools: Map<string, Partial<Record<Family, PoolView>>>;
+}
+
+function clusterView(nodes: NodeView[]): Cluster {
+  return { nodes, byName: new Map(nodes.map((n) => [n.name, n])), pools: new Map() };
+}
+
+function poolView(cluster: Cluster, pool: string, family: Family): PoolView {
+  let views = cluster.pools.get(pool);
+  if (!views) cluster.pools.set(pool, (views = {}));
+  let view = views[family];
+  if (view) return view;
+  view = views[family] = { nodes: [], names: new Set(), tally: new Map() };
+  for (const node of cluster.nodes) {
+    const why = exclusion(node, { pool }, family, {});
+    if (why) view.tally.set(why, (view.tally.get(why) ?? 0) + 1);
+    else {
+      view.nodes.push(node);
+      view.names.add(node.name);
+    }
+  }
+  return view;
+}
 
 /**
  * For a Local Service, per family, the nodes with a serving endpoint of it.
@@ -498,11 +608,16 @@ type Only = Partial<Serving>;
  * addresses Cluster policy would, and the agents refuse connections there,
  * so that it neither shows <pending> nor moves when it scales from 0 to 1.
  */
-function localNodes(request: Pick<ServiceRequest, 'pool' | 'local'>, nodes: NodeView[], serving: Serving | undefined): Only {
+function localNodes(request: Pick<ServiceRequest, 'pool' | 'local' | 'families'>, cluster: Cluster, serving: Serving | undefined): Only {
   const only: Only = {};
   if (!request.local || !serving) return only;
-  for (const family of ['ipv4', 'ipv6'] as const) {
-    if (nodes.some((n) => serving[family].has(n.name) && exclusion(n, request, family, {}) === undefined)) only[family] = serving[family];
+  for (const family of request.families) {
+    const { names } = poolView(cluster, request.pool, family);
+    for (const name of serving[family].keys()) {
+      if (!names.has(name)) continue;
+      only[family] = serving[family];
+      break;
+    }
   }
   return only;
 }
@@ -539,11 +654,13 @@ function describeExclusion(why: Exclusion, family: Family, request: ServiceReque
       return `without an ${f} address`;
     case 'noEndpoint':
       return 'without a serving endpoint of the Service (externalTrafficPolicy: Local)';
+    case 'notChosen':
+      return `eligible beyond the Service's ${formatMaxAddresses(request.maxAddresses)} ${f} addresses`;
   }
 }
 
 /** Why one node is excluded: "its pier agent Lease has expired". */
-function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pick<ServiceRequest, 'pool'>): string {
+function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pick<ServiceRequest, 'pool' | 'maxAddresses'>): string {
   switch (why) {
     case 'pool':
       return `it is in pool ${JSON.stringify(node.pool)}, not ${JSON.stringify(request.pool)}`;
@@ -561,20 +678,36 @@ function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pi
       return `it has no ${FAMILY_NAME[family]} address`;
     case 'noEndpoint':
       return 'it has no serving endpoint of the Service (externalTrafficPolicy: Local)';
+    case 'notChosen':
+      return `it is eligible, but the Service lists at most ${formatMaxAddresses(request.maxAddresses)} ${FAMILY_NAME[family]} addresses (${MAX_ADDRESSES}, --max-addresses) and this node's is not among them`;
   }
 }
 
-function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Serving | undefined): void {
-  const only = localNodes(request, nodes, serving);
-  const eligible: Record<Family, NodeView[]> = { ipv4: [], ipv6: [] };
-  const tally: Record<Family, Map<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
+function chooseAddresses(request: ServiceRequest, cluster: Cluster, serving: Serving | undefined): void {
+  const only = localNodes(request, cluster, serving);
+  const eligible: Record<Family, readonly NodeView[]> = { ipv4: [], ipv6: [] };
+  const tally: Record<Family, ReadonlyMap<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
+  /** Where eligible[family] is a pool's whole list: its hashes are kept there, for every Service of the pool. */
+  const pools: Partial<Record<Family, PoolView>> = {};
   for (const family of request.families) {
-    for (const node of nodes) {
-      const why = exclusion(node, request, family, only);
-      if (why) tally[family].set(why, (tally[family].get(why) ?? 0) + 1);
-      else eligible[family].push(node);
+    const base = poolView(cluster, request.pool, family);
+    const within = only[family];
+    if (!within) {
+      eligible[family] = base.nodes;
+      tally[family] = base.tally;
+      pools[family] = base;
+      continue;
     }
+    // Local, with endpoints: the pool's eligible nodes among those with a serving endpoint.
+    const local: NodeView[] = [];
+    for (const name of within.keys()) if (base.names.has(name)) local.push(cluster.byName.get(name)!);
+    local.sort((a, b) => compareText(a.name, b.name));
+    eligible[family] = local;
+    const counts = new Map(base.tally);
+    if (base.nodes.length > local.length) counts.set('noEndpoint', base.nodes.length - local.length);
+    tally[family] = counts;
   }
+  const nodes = cluster.nodes;
   const explain = (family: Family) => {
     if (nodes.length === 0) return 'the cluster has no nodes';
     const parts = EXCLUSIONS.filter((w) => tally[family].has(w)).map((w) => `${tally[family].get(w)} ${describeExclusion(w, family, request)}`);
@@ -605,10 +738,7 @@ function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Se
     }
   } else {
     for (const family of request.families) {
-      for (const node of eligible[family]) {
-        const addr = node.chosen[family]!;
-        chosen.set(addr.text, addr);
-      }
+      for (const addr of chooseInFamily(request, family, eligible[family], pools[family], only[family])) chosen.set(addr.text, addr);
       if (eligible[family].length === 0) {
         request.addressCauses.push({ reason: REASONS.noEligibleNodes, message: `no node can serve ${FAMILY_NAME[family]} in pool ${JSON.stringify(request.pool)}, ${explain(family)}` });
       }
@@ -619,9 +749,11 @@ function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Se
   // pods); numeric otherwise.
   const ready = new Map<string, number>();
   for (const family of request.local ? request.families : []) {
+    const counts = only[family];
+    if (!counts) continue;
     for (const node of eligible[family]) {
       const text = node.chosen[family]!.text;
-      ready.set(text, Math.max(ready.get(text) ?? 0, only[family]?.get(node.name) ?? 0));
+      ready.set(text, Math.max(ready.get(text) ?? 0, counts.get(node.name) ?? 0));
     }
   }
   const readyAt = (a: Address) => ready.get(a.text) ?? 0;
@@ -640,13 +772,177 @@ function chooseAddresses(request: ServiceRequest, nodes: NodeView[], serving: Se
   });
 }
 
+/**
+ * The addresses a Service lists in one family. While the family has at most
+ * K eligible nodes, every one's address, as before there was a bound (and no
+ * hashing at all). Beyond that, K of them, so that a status does not grow
+ * with the cluster:
+ *
+ *  - Nodes are ranked per Service by rendezvous hashing (score of the
+ *    Service's namespace/name and the node's name, highest first; for Local
+ *    Services nodes with a ready endpoint before those whose endpoints all
+ *    terminate). Each Service gets its own random-looking order of the nodes,
+ *    so K of N nodes are spread evenly over the nodes, and a node leaving
+ *    moves up only the nodes ranked below it: it costs a new address only to
+ *    the Services that listed it.
+ *  - Addresses the status already lists are kept while their node is
+ *    eligible and among the Service's best 2K: a restarted controller, or a
+ *    node coming back after a Service moved off it, moves nothing. The window
+ *    is what lets a growing cluster rebalance: without it, a cluster that
+ *    grew past K would keep every existing Service on its first K nodes for
+ *    ever; with it, a listed node falls out only once 2K others rank above
+ *    it, so a listed node carries at most about twice its fair share.
+ *  - The rest is filled from the top of the ranking up to K. K counts
+ *    addresses: each node has one per family (ExternalIP, else InternalIP),
+ *    and nodes that share one count once.
+ *
+ * The score is part of what a Service's status is: changing rendezvous()
+ * would move Services on an upgrade (only those beyond their window).
+ */
+function chooseInFamily(
+  request: ServiceRequest,
+  family: Family,
+  eligible: readonly NodeView[],
+  pool: PoolView | undefined,
+  ready: ReadonlyMap<string, number> | undefined,
+): Address[] {
+  const k = request.maxAddresses;
+  if (eligible.length <= k) return eligible.map((n) => n.chosen[family]!);
+  request.hash ??= hashText(request.key);
+  const hashes = pool ? (pool.hashes ??= nameHashes(pool.nodes)) : nameHashes(eligible);
+  const ranked = rankNodes(request.hash, eligible, hashes, Math.min(2 * k, eligible.length), ready);
+  const listed = (request.listed ??= readListed(request.statusIngress));
+  const out = new Map<string, Address>();
+  for (const node of ranked) {
+    if (out.size >= k) break;
+    const addr = node.chosen[family]!;
+    if (listed.has(addr.text)) out.set(addr.text, addr);
+  }
+  for (const node of ranked) {
+    if (out.size >= k) break;
+    const addr = node.chosen[family]!;
+    if (!out.has(addr.text)) out.set(addr.text, addr);
+  }
+  return [...out.values()];
+}
+
+/**
+ * The `width` best-ranked nodes, best first, in one pass: rendezvous score
+ * (plus 2^32 for a node with a ready endpoint, for Local Services), then
+ * name. The loop runs once per node and Service at scale, hence typed arrays
+ * and indices: it reads no node object unless a node makes the cut.
+ */
+function rankNodes(serviceHash: number, nodes: readonly NodeView[], hashes: Uint32Array, width: number, ready: ReadonlyMap<string, number> | undefined): NodeView[] {
+  const keys = new Float64Array(width);
+  const top = new Int32Array(width);
+  let size = 0;
+  /** The worst key kept, once `width` are kept. */
+  let floor = -1;
+  const before = (key: number, i: number, j: number) => key > keys[j]! || (key === keys[j]! && nodes[i]!.name < nodes[top[j]!]!.name);
+  for (let i = 0; i < hashes.length; i++) {
+    let key = rendezvous(serviceHash, hashes[i]!);
+    if (ready !== undefined && (ready.get(nodes[i]!.name) ?? 0) > 0) key += 2 ** 32;
+    if (size === width && (key < floor || (key === floor && !before(key, i, width - 1)))) continue;
+    let j = size === width ? width - 1 : size++;
+    while (j > 0 && before(key, i, j - 1)) {
+      keys[j] = keys[j - 1]!;
+      top[j] = top[j - 1]!;
+      j--;
+    }
+    keys[j] = key;
+    top[j] = i;
+    floor = keys[width - 1]!;
+  }
+  const out: NodeView[] = [];
+  for (let j = 0; j < size; j++) out.push(nodes[top[j]!]!);
+  return out;
+}
+
+function nameHashes(nodes: readonly NodeView[]): Uint32Array {
+  const out = new Uint32Array(nodes.length);
+  for (let i = 0; i < nodes.length; i++) out[i] = hashText(nodes[i]!.name);
+  return out;
+}
+
+/**
+ * The addresses a status lists, as they are compared with node addresses
+ * (canonical text); whatever is malformed in it lists nothing. A dotted quad
+ * that parses is canonical already, so only IPv6 text is read.
+ */
+function readListed(ingress: unknown): Set<string> {
+  const out = new Set<string>();
+  if (!Array.isArray(ingress)) return out;
+  for (const entry of ingress) {
+    const ip = safely(() => (entry as { ip?: unknown } | undefined)?.ip, undefined);
+    if (typeof ip !== 'string') continue;
+    if (!ip.includes(':')) out.add(ip);
+    else {
+      const addr = parseAddress(ip);
+      if (addr) out.add(addr.text);
+    }
+  }
+  return out;
+}
+
+// Rendezvous scores. MurmurHash3 (x86, 32 bit) rather than node:crypto: an
+// allocation scores every eligible node for every Service with more eligible
+// nodes than it may list (50 million pairs at 10,000 Services and 5,000
+// nodes), so each name is hashed once per allocation and a pair costs one
+// integer mix. Nothing here needs to resist an adversary: a Service's owner
+// who picked a name to rank some node first could as well ask for that
+// node's address with spec.loadBalancerIP.
+
+/** MurmurHash3's finaliser: every input bit moves about half the output bits. */
+function fmix32(x: number): number {
+  x ^= x >>> 16;
+  x = Math.imul(x, 0x85ebca6b);
+  x ^= x >>> 13;
+  x = Math.imul(x, 0xc2b2ae35);
+  x ^= x >>> 16;
+  return x >>> 0;
+}
+
+/** MurmurHash3 (x86, 32 bit, seed 0) of a string's UTF-16 code units, two to a block. */
+export function hashText(text: string): number {
+  let h = 0;
+  const n = text.length;
+  let i = 0;
+  for (; i + 1 < n; i += 2) {
+    let k = text.charCodeAt(i) | (text.charCodeAt(i + 1) << 16);
+    k = Math.imul(k, 0xcc9e2d51);
+    k = (k << 15) | (k >>> 17);
+    k = Math.imul(k, 0x1b873593);
+    h ^= k;
+    h = (h << 13) | (h >>> 19);
+    h = (Math.imul(h, 5) + 0xe6546b64) | 0;
+  }
+  if (i < n) {
+    let k = text.charCodeAt(i);
+    k = Math.imul(k, 0xcc9e2d51);
+    k = (k << 15) | (k >>> 17);
+    k = Math.imul(k, 0x1b873593);
+    h ^= k;
+  }
+  return fmix32(h ^ (n * 2));
+}
+
+/** A node's score for a Service, from both hashes: an unsigned 32-bit integer. */
+function rendezvous(serviceHash: number, nodeHash: number): number {
+  return fmix32(serviceHash ^ nodeHash);
+}
+
+/** The rendezvous score of a Service (`namespace/name`) and a node name, as chooseInFamily ranks them. */
+export function rendezvousScore(service: string, node: string): number {
+  return rendezvous(hashText(service), hashText(node));
+}
+
 /** One node in one family of a Service, as allocate() judges it. */
 export interface NodeJudgement {
   node: string;
   family: Family;
   /** Every InternalIP and ExternalIP of this family, any of which a status may list. */
   addresses: string[];
-  /** Why the node is not eligible, in the words the condition uses: "its pier agent Lease has expired". */
+  /** Why the node does not serve, in the words the condition uses: "its pier agent Lease has expired". */
   excluded?: { kind: Exclusion; why: string };
 }
 
@@ -654,20 +950,30 @@ export interface NodeJudgement {
  * Per pier Service (`namespace/name`), every node in each of its families,
  * judged by the same rules allocate() applies, so that `pier status` gives
  * the controller's reasons rather than its own. Pure and total, like allocate().
+ * An eligible node the Service does not list (beyond its K addresses per
+ * family) is `notChosen`, judged from the Service's status as allocate() does.
  */
 export function judgeNodes(input: AllocateInput): Map<string, NodeJudgement[]> {
-  const nodes = readNodes(input);
+  const cluster = clusterView(readNodes(input));
   const serving = servingNodes(input.slices);
   const out = new Map<string, NodeJudgement[]>();
   for (const svc of uniqueBy(input.services ?? [], serviceKey)) {
     if (!safely(() => isPierService(svc, input.config), false)) continue;
     const request = safely(() => readService(svc, input.config), undefined);
     if (!request) continue;
-    const only = localNodes(request, nodes, serving.get(request.key));
+    const only = localNodes(request, cluster, serving.get(request.key));
+    // Which addresses the Service lists: needed only where a family has more eligible nodes than it may list.
+    let listed: Set<string> | undefined;
+    if (!request.blocked && request.requested.length === 0 && request.maxAddresses !== Number.POSITIVE_INFINITY) {
+      const full = { ...request, rank: 0 };
+      safely(() => chooseAddresses(full, cluster, serving.get(request.key)), undefined);
+      listed = new Set(full.addresses.map((a) => a.text));
+    }
     const judged: NodeJudgement[] = [];
     for (const family of request.families) {
-      for (const node of nodes) {
-        const kind = exclusion(node, request, family, only);
+      for (const node of cluster.nodes) {
+        let kind = exclusion(node, request, family, only);
+        if (!kind && listed && !listed.has(node.chosen[family]!.text)) kind = 'notChosen';
         const j: NodeJudgement = { node: node.name, family, addresses: [...node.all[family]] };
         if (kind) j.excluded = { kind, why: explainNode(node, kind, family, request) };
         judged.push(j);
@@ -890,7 +1196,7 @@ export function allocate(input: AllocateInput): Allocation {
   // One object per name, whatever the caller passed: the most recent by resourceVersion would be
   // a guess, the smallest serialisation is at least independent of order.
   const services = uniqueBy(input.services ?? [], serviceKey);
-  const nodes = readNodes(input);
+  const cluster = clusterView(readNodes(input));
   const serving = servingNodes(input.slices);
   const nodePorts = readNodePorts(services);
 
@@ -909,7 +1215,7 @@ export function allocate(input: AllocateInput): Allocation {
     .sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : compareText(a.key, b.key)))
     .map((p, rank) => ({ ...p, rank }));
 
-  for (const request of requests) if (!request.blocked) chooseAddresses(request, nodes, serving.get(request.key));
+  for (const request of requests) if (!request.blocked) chooseAddresses(request, cluster, serving.get(request.key));
   assignExternalPorts(requests, nodePorts, config);
   resolveClaims(requests, nodePorts, config);
 

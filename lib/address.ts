@@ -72,15 +72,11 @@ function isIPv6(text: string): boolean {
 // Fast path: the value of text ip-num accepted.
 //
 // ip-num reads an address into objects, binary strings and more pattern
-// matches (IPv4.fromString, IPv6.fromString: ~5-10 µs a dotted quad, ~25-50 µs
-// an IPv6 address with the agent's Node flags). Computing a newly started
-// agent's first sync at 10,000 ports (SyncPipeline model and rules, as
-// npm run bench:agent builds them; CPU time, medians of 11, builds alternated
-// in one process with new address texts each round, since the bench's
-// repeated cold syncs find IPv6 texts cached; 2026-11-25) took 558 ms
-// single-stack and 1,215 ms dual-stack with ip-num reading every address,
-// 259 and 469 ms with these readers (253 and 514 ms with the hand-written
-// parser before ip-num came back).
+// matches (~5-10 µs a dotted quad, ~25-50 µs an IPv6 address). These readers
+// accept exactly what ip-num accepts and allocate nothing: a newly started
+// agent's first sync at 10,000 ports (model and rules, bench:agent) takes
+// 259 ms of CPU single-stack and 469 ms dual-stack with them, 558 and
+// 1,215 ms with ip-num reading every address.
 
 /**
  * The value of a dotted quad as ip-num accepts it (four decimal numbers up to

@@ -4,6 +4,7 @@
 // Every rejected value is reported with where it came from, so a person can
 // find the typo in a manifest or a shell history.
 import { parseArgs } from 'node:util';
+import { ExplainedError } from './errors.ts';
 
 export type OptionType = 'string' | 'boolean' | 'int' | 'duration' | 'enum' | 'list';
 
@@ -25,7 +26,7 @@ export type OptionSpec =
 
 export type OptionValue = string | boolean | number | string[] | undefined;
 
-export class ConfigError extends Error {
+export class ConfigError extends ExplainedError {
   override name = 'ConfigError';
 }
 

@@ -31,6 +31,13 @@ export const DEFAULT_POOL = 'default';
 /** Service annotation: `service` (external port = spec port) or `allocate` (from a range). */
 export const PORT_MODE = 'pier.dev/port-mode';
 
+/**
+ * Service annotation: at most how many node addresses per address family the
+ * controller lists in the status, a positive integer or `all`; overrides the
+ * controller's --max-addresses for this Service.
+ */
+export const MAX_ADDRESSES = 'pier.dev/max-addresses';
+
 /** Service annotation the controller writes in port-mode allocate: JSON `{"80/TCP": 40001}`, for people. */
 export const PORT_MAPPING_ANNOTATION = 'pier.dev/port-mapping';
 

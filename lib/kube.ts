@@ -19,10 +19,11 @@ import {
 } from '@kubernetes/client-node';
 import { reuseConnections } from './connections.ts';
 import type { Logger } from './log.ts';
+import { ExplainedError } from './errors.ts';
 
 export const IN_CLUSTER_TOKEN = '/var/run/secrets/kubernetes.io/serviceaccount/token';
 
-export class KubeConfigError extends Error {
+export class KubeConfigError extends ExplainedError {
   override name = 'KubeConfigError';
 }
 

@@ -1,5 +1,5 @@
 // Which Node pier needs, and what to tell a person whose Node is older.
-// Imported by lib/bin.ts before anything else, so it imports nothing and
+// Imported by cmd/bin.ts before anything else, so it imports nothing and
 // uses nothing newer than the oldest Node that can load an ES module.
 
 /** package.json "engines" (a unit test holds the two equal): @kubernetes/client-node 2.x needs it. */

@@ -17,11 +17,11 @@ import { fileURLToPath } from 'node:url';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 
-/** Bundles lib/bin.ts (the version check, then the CLI) into `outfile` (relative to the repository root, or absolute). */
+/** Bundles cmd/bin.ts (the version check, then the CLI) into `outfile` (relative to the repository root, or absolute). */
 export async function bundle(outfile = 'dist/pier.mjs'): Promise<string> {
   const result = await build({
     absWorkingDir: root,
-    entryPoints: ['lib/bin.ts'],
+    entryPoints: ['cmd/bin.ts'],
     outfile,
     bundle: true,
     platform: 'node',

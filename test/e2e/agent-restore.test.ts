@@ -6,10 +6,11 @@
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Family } from '../../lib/contract.ts';
-import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
-import { parseSave, planText, restoreText, type SavedTables } from '../../agent/restore.ts';
+import { TABLES, type Ruleset } from '../../agent/iptables/render.ts';
+import { parseSave, planText, restoreText, type SavedTables } from '../../agent/iptables/restore.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
 import { MARKS, modelArb } from '../unit/agent-fixtures.ts';
+import { renderRuleset } from '../support/oracle.ts';
 
 const BACKENDS = [
   { name: 'nft', bin: { ipv4: 'iptables-nft', ipv6: 'ip6tables-nft' } },

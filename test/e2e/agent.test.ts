@@ -29,7 +29,7 @@ import { isAlive } from '../support/cleanup.ts';
 import { endpointSlice } from '../support/objects.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const NS = 'shop';
 const RESYNC = '2s';
 const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);

@@ -3,15 +3,17 @@
 // tables (stale chains and jumps, a flush, a failing partial write).
 import { execa } from 'execa';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { Applier, eachFamily, removeAll } from '../../agent/applier.ts';
-import { Xtables, commandRunner, type Input, type Runner } from '../../agent/iptables.ts';
-import { buildModel } from '../../agent/model.ts';
-import { renderRuleset, type Ruleset } from '../../agent/render.ts';
+import { Applier, eachFamily, removeAll } from '../../agent/iptables/applier.ts';
+import { Xtables } from '../../agent/iptables/xtables.ts';
+import { commandRunner, type Input, type Runner } from '../../lib/run.ts';
+
+import { type Ruleset } from '../../agent/iptables/render.ts';
 import { MARKS } from '../unit/agent-fixtures.ts';
-import { parseSave } from '../../agent/restore.ts';
+import { parseSave } from '../../agent/iptables/restore.ts';
 import { LOAD_BALANCER_CLASS, type Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
 import { inputText } from '../support/input.ts';
+import { buildModel, renderRuleset } from '../support/oracle.ts';
 
 const NODE_IP = '198.51.100.11';
 const NODE_IP6 = '2001:db8::11';

@@ -18,7 +18,7 @@ import { createLabService, registerLabNodes, stopProcesses } from '../lab/pier.t
 import { endpointSlice } from '../support/objects.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const UDP_FLOW = fileURLToPath(new URL('../lab/udp-flow.ts', import.meta.url));
 const NS = 'flows';
 

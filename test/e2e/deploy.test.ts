@@ -30,7 +30,7 @@ import { endpointSlice, lbService } from '../support/objects.ts';
 import { registerLabNodes } from '../lab/pier.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'shop';
 const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);

@@ -9,7 +9,7 @@
 import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions, type V1Service } from '@kubernetes/client-node';
 import type { ResultPromise } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseSave } from '../../agent/restore.ts';
+import { parseSave } from '../../agent/iptables/restore.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { ECHO_PORT, HOST_V4, Lab, type Endpoint, type LabNode } from '../lab/lab.ts';
 import { CLI, registerLabNodes, stopProcesses } from '../lab/pier.ts';

@@ -6,15 +6,16 @@
 // Deltas go through a resident nft (NftSession), as the agent sends them.
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildModel } from '../../agent/model.ts';
-import { commandRunner, type Runner } from '../../agent/iptables.ts';
-import { createScript, elementScripts, NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, renderNft, type NftRuleset } from '../../agent/nft.ts';
-import { NftApplier } from '../../agent/nft-applier.ts';
-import { NftSession } from '../../agent/nft-session.ts';
+
+import { commandRunner, type Runner } from '../../lib/run.ts';
+import { createScript, elementScripts, NFT_FAMILY, NFT_TABLE, NftRenderer, nftDrift, nftScript, parseNftJson, type NftRuleset } from '../../agent/nftables/render.ts';
+import { NftApplier } from '../../agent/nftables/applier.ts';
+import { NftSession } from '../../agent/nftables/session.ts';
 import type { Family } from '../../lib/contract.ts';
 import { scratchNamespace, type Scratch } from '../lab/scratch.ts';
 import { inputText } from '../support/input.ts';
 import { MARKS, modelArb, toInput, worldArb } from '../unit/agent-fixtures.ts';
+import { buildModel, renderNft } from '../support/oracle.ts';
 
 describe('pier tables through nft', () => {
   let s: Scratch;

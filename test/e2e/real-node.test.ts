@@ -16,7 +16,7 @@ import { describeTally, steadyClient as steady, tally } from '../lab/steady.ts';
 import { kindOverlay } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
-const DEPLOY = fileURLToPath(new URL('../../deploy/', import.meta.url));
+const DEPLOY = fileURLToPath(new URL('../../deploy', import.meta.url));
 const UDP_FLOW = fileURLToPath(new URL('../lab/udp-flow.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'default';

@@ -10,7 +10,7 @@ import { CoreV1Api, DiscoveryV1Api, type V1Service } from '@kubernetes/client-no
 import { execa, type ResultPromise } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
-import type { Verdict } from '../../agent/trace.ts';
+import type { Verdict } from '../../agent/iptables/trace.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { HOST_V4, Lab, type Endpoint, type LabNode } from '../lab/lab.ts';
 import { CLI, createLabService, registerLabNodes, spawnAgents, stopProcesses, type LabServicePort } from '../lab/pier.ts';

@@ -19,7 +19,7 @@ import { lbService, node } from '../support/objects.ts';
 import { freePort } from '../support/ports.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const NS = 'shop';
 const BACKLOG_NS = 'backlog';
 const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);

@@ -40,7 +40,7 @@ import { freePort } from '../support/ports.ts';
 import { apply, render } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'shop';
 const RACE = 'race';

@@ -16,7 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { execa, execaSync } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const MACHINE_GO = '/usr/local/go/bin/go';
 const FRESH_PATH = '/usr/bin:/bin';
 

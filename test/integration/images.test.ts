@@ -15,7 +15,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { CoordinationV1Api, CoreV1Api, type KubernetesObject, type V1Container, type V1DaemonSet, type V1Deployment } from '@kubernetes/client-node';
 import { execa, execaSync, type ResultPromise } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { binaries, type Backend } from '../../agent/iptables.ts';
+import { binaries, type IptablesFlavour } from '../../agent/iptables/xtables.ts';
 import { DEFAULT_NAMESPACE, FAMILIES, LEADER_LEASE_NAME } from '../../lib/contract.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { ensureImages, imageConfig, IMAGES, mountImage, type BuiltImages, type ImageConfig, type ImageName } from '../images/images.ts';
@@ -25,7 +25,7 @@ import { containerEnv, render } from '../support/deploy.ts';
 import { freePort } from '../support/ports.ts';
 import { eventually } from '../support/wait.ts';
 
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const PKG = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
   version: string;
   license: string;
@@ -36,8 +36,8 @@ const PKG = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
 const BUNDLE = '/app/dist/pier.mjs';
 const PIER = ['agent', 'controller'] as const;
 type Pier = (typeof PIER)[number];
-/** Every backend the agent may pick; the Record makes a new Backend a compile error here. */
-const BACKENDS = Object.keys({ nft: true, legacy: true } satisfies Record<Backend, true>) as Backend[];
+/** Every backend the agent may pick; the Record makes a new IptablesFlavour a compile error here. */
+const BACKENDS = Object.keys({ nft: true, legacy: true } satisfies Record<IptablesFlavour, true>) as IptablesFlavour[];
 /** Uncompressed, with room to spare: a bigger image means something slipped in (a node_modules, apt's caches). */
 const MAX_MB: Record<ImageName, number> = { agent: 300, controller: 300, echo: 300, pause: 2 };
 /** Where the tests mount a kubeconfig, as a Secret would be. */

@@ -15,7 +15,7 @@ import { fleetItems, type Fleet, type FleetSpec } from '../support/fleet.ts';
 import { ECHO_PORT, type Endpoint, type Lab } from './lab.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-export const CLI = join(HERE, '..', '..', 'lib', 'cli.ts');
+export const CLI = join(HERE, '..', '..', 'cmd', 'cli.ts');
 
 /** Node objects for the lab's nodes, Ready, with both underlay addresses as InternalIPs: what kubelet would register. */
 export async function registerLabNodes(core: CoreV1Api, lab: Lab): Promise<void> {

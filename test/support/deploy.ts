@@ -54,7 +54,7 @@ export interface Rendered {
 }
 
 export async function render(kustomization: (typeof KUSTOMIZATIONS)[number] | 'cleanup'): Promise<Rendered> {
-  const { stdout } = await execa(await kubectlPath(), ['kustomize', DEPLOY_DIR + kustomization]);
+  const { stdout } = await execa(await kubectlPath(), ['kustomize', join(DEPLOY_DIR, kustomization)]);
   const objects = parseAllDocuments(stdout).map((d) => d.toJSON() as KubernetesObject).filter(Boolean);
   return { yaml: stdout, objects };
 }

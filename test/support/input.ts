@@ -1,4 +1,4 @@
-import type { Input } from '../../agent/iptables.ts';
+import type { Input } from '../../lib/run.ts';
 
 /** All a command was given, whatever the form (iptables.ts's Input). */
 export async function inputText(input: Input | Promise<Input> | undefined): Promise<string | undefined> {

@@ -6,12 +6,14 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { eachFamily } from '../../agent/applier.ts';
-import { jumpTarget } from '../../agent/restore.ts';
-import { chooseBackend, choiceReason } from '../../agent/backend.ts';
-import { commandRunner, describeRestoreFailure, toolEnv, type Backend } from '../../agent/iptables.ts';
+import { eachFamily } from '../../agent/iptables/applier.ts';
+import { jumpTarget } from '../../agent/iptables/restore.ts';
+import { chooseFlavour } from '../../agent/iptables/flavour.ts';
+import { choiceReason } from '../../agent/backend.ts';
+import { describeRestoreFailure, type IptablesFlavour } from '../../agent/iptables/xtables.ts';
+import { commandRunner, toolEnv } from '../../lib/run.ts';
 import type { Family } from '../../lib/contract.ts';
-import { ManifestError, readManifestFiles, readManifests } from '../../agent/manifests.ts';
+import { ManifestError, readManifestFiles, readManifests } from '../../cmd/manifests.ts';
 import { checkForwarding } from '../../agent/sysctl.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'pier-adapters-'));
@@ -26,13 +28,13 @@ const file = (name: string, text: string) => {
 describe('chooseBackend', () => {
   const rules = (n: number) => Array.from({ length: n }, (_, i) => `-A INPUT -s 203.0.113.${i}/32 -j DROP`).join('\n');
   it('trusts kubelet hint chains first, nft before legacy', () => {
-    expect(chooseBackend({ nftMangle: ':KUBE-IPTABLES-HINT - [0:0]', legacyAll: ':KUBE-KUBELET-CANARY - [0:0]', nftAll: '' }).backend).toBe('nft');
-    expect(chooseBackend({ nftMangle: '', legacyAll: `*mangle\n:KUBE-KUBELET-CANARY - [0:0]\n${rules(1)}`, nftAll: rules(50) }).backend).toBe('legacy');
+    expect(chooseFlavour({ nftMangle: ':KUBE-IPTABLES-HINT - [0:0]', legacyAll: ':KUBE-KUBELET-CANARY - [0:0]', nftAll: '' }).backend).toBe('nft');
+    expect(chooseFlavour({ nftMangle: '', legacyAll: `*mangle\n:KUBE-KUBELET-CANARY - [0:0]\n${rules(1)}`, nftAll: rules(50) }).backend).toBe('legacy');
   });
   it('otherwise picks the backend holding more rules, nft on a tie', () => {
-    expect(chooseBackend({ nftMangle: '', legacyAll: rules(12), nftAll: rules(3) })).toMatchObject({ backend: 'legacy', reason: expect.stringContaining('12 against 3') });
-    expect(chooseBackend({ nftMangle: '', legacyAll: rules(2), nftAll: rules(2) }).backend).toBe('nft');
-    expect(chooseBackend({ nftMangle: '', legacyAll: '', nftAll: '' }).reason).toContain('default');
+    expect(chooseFlavour({ nftMangle: '', legacyAll: rules(12), nftAll: rules(3) })).toMatchObject({ backend: 'legacy', reason: expect.stringContaining('12 against 3') });
+    expect(chooseFlavour({ nftMangle: '', legacyAll: rules(2), nftAll: rules(2) }).backend).toBe('nft');
+    expect(chooseFlavour({ nftMangle: '', legacyAll: '', nftAll: '' }).reason).toContain('default');
   });
 });
 
@@ -56,7 +58,7 @@ describe('describeRestoreFailure', () => {
 
 describe('eachFamily', () => {
   /** eachFamily over applies that end only when the test lets them; what has started, step by step. */
-  function gated(backend: Backend) {
+  function gated(backend: IptablesFlavour) {
     const started: Family[] = [];
     const finish = new Map<Family, () => void>();
     const result = eachFamily(backend, ['ipv4', 'ipv6'], (family) => {

@@ -6,8 +6,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { CHECK_SPEC, checkReport, type CheckSettings } from '../../agent/check.ts';
-import type { Runner } from '../../agent/iptables.ts';
+import { CHECK_SPEC, checkReport, type CheckSettings } from '../../cmd/check.ts';
+import type { Runner } from '../../lib/run.ts';
 import { formatHelp, parseConfig } from '../../lib/config.ts';
 
 const procSys = mkdtempSync(join(tmpdir(), 'pier-check-'));

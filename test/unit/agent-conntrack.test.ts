@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { deletionArgs, describeCheck, flowFrontends, frontendsToCheck, parseFlows, staleFlows, type FlowEntry, type FlowFrontend } from '../../agent/conntrack.ts';
-import type { FamilyModel, ServedPort } from '../../agent/model.ts';
+import type { FamilyModel, ServedPort } from '../../agent/engine/model.ts';
 
 function served(protocol: 'TCP' | 'UDP' | 'SCTP', frontends: [string, number][], endpoints: [string, number][]): ServedPort {
   return {

@@ -4,8 +4,10 @@
 // so properties can ask "where does this packet go?" instead of matching rule text.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import fc from 'fast-check';
-import { buildModel, type Model, type ModelConfig, type ModelInput } from '../../agent/model.ts';
-import { PROTO_NUMBERS, walk as interpWalk, type Packet, type WalkResult } from '../../agent/interp.ts';
+import type { Model, ModelConfig, ModelInput } from '../../agent/engine/model.ts';
+import { walk as interpWalk, type Packet, type WalkResult } from '../../agent/iptables/interp.ts';
+import { buildModel } from '../support/oracle.ts';
+import { PROTOCOL, PROTOCOLS } from '../../lib/protocols.ts';
 
 export const NODE = 'n1';
 export const CLASS = 'pier.dev/lb';
@@ -261,7 +263,8 @@ export function corrupt(world: World, input: ModelInput, c: Corruption): string 
 // mark read as MARKS' masquerade bit.
 
 export type { Packet };
-export { PROTO_NUMBERS };
+/** IP protocol numbers by the lower-case word iptables uses. */
+export const PROTO_NUMBERS: Record<string, number> = Object.fromEntries(PROTOCOLS.map((p) => [PROTOCOL[p].word, PROTOCOL[p].number]));
 
 export interface Walk extends Omit<WalkResult, 'hops' | 'mark'> {
   marked: boolean;

@@ -5,8 +5,9 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { isIPv4 } from 'node:net';
 import { ipv4Value } from '../../lib/address.ts';
-import { buildModel, compareAddresses, formatAddress, parseAddress, parseCidr, sanitizeComment, type ModelInput, type ServedPort } from '../../agent/model.ts';
+import { compareAddresses, formatAddress, parseAddress, parseCidr, sanitizeComment, type ModelInput, type ServedPort } from '../../agent/engine/model.ts';
 import { CLASS, CONFIG, NODE, NODE_V4, NODE_V6, corrupt, corruptionArb, endpointAddress, toInput, worldArb, type World } from './agent-fixtures.ts';
+import { buildModel } from '../support/oracle.ts';
 
 function service(name: string, over: { spec?: Partial<NonNullable<V1Service['spec']>>; ingress?: NonNullable<NonNullable<V1Service['status']>['loadBalancer']>['ingress']; annotations?: Record<string, string>; created?: string } = {}): V1Service {
   return {

@@ -5,9 +5,11 @@
 // the same (scripts accepted, read back equal) is test/e2e/nft-restore.test.ts.
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildModel, parseAddress, parseCidr, type ServedPort } from '../../agent/model.ts';
-import { carriedClients, emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, renderNft, spreadName, width, type NftRuleset } from '../../agent/nft.ts';
+import { parseAddress, parseCidr, type ServedPort } from '../../agent/engine/model.ts';
+import { spreadChain } from '../../agent/nftables/names.ts';
+import { carriedClients, emptyNft, NftRenderer, nftDrift, nftScript, outermost, parseNftJson, width, type NftRuleset } from '../../agent/nftables/render.ts';
 import { MARKS, toInput, worldArb } from './agent-fixtures.ts';
+import { buildModel, renderNft } from '../support/oracle.ts';
 
 const PROTO = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' } as const;
 
@@ -84,7 +86,7 @@ describe('renderNft', () => {
           expect([...r.own.values()].filter((o) => o.kind === 'chain').length).toBe(sticky.reduce((n, p) => n + 1 + p.endpoints.length, 0));
           // A map per endpoint index, up to the largest count.
           expect([...r.sets.keys()].filter((s) => s.startsWith('endpoints-')).sort()).toEqual(Array.from({ length: width(r) }, (_, i) => `endpoints-${i}`).sort());
-          expect([...r.spreads.keys()].sort()).toEqual([...new Set(m[family].ports.filter((p) => p.endpoints.length > 0 && p.affinity === 0).map((p) => spreadName(p.endpoints.length, p.masquerade)))].sort());
+          expect([...r.spreads.keys()].sort()).toEqual([...new Set(m[family].ports.filter((p) => p.endpoints.length > 0 && p.affinity === 0).map((p) => spreadChain(p.endpoints.length, p.masquerade)))].sort());
         }
       }),
       { numRuns: 200 },

@@ -9,12 +9,12 @@
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildModel, diffServedPorts, portChanges, type Model } from '../../agent/model.ts';
-import { HeadStart } from '../../agent/headstart.ts';
-import { SyncPipeline } from '../../agent/pipeline.ts';
-import { renderRuleset, TABLES, type Ruleset } from '../../agent/render.ts';
-import { restoreText } from '../../agent/restore.ts';
+import { diffServedPorts, portChanges, type Model } from '../../agent/engine/model.ts';
+import { SyncPipeline } from '../support/pipeline.ts';
+import { TABLES, type Ruleset } from '../../agent/iptables/render.ts';
+import { restoreText } from '../../agent/iptables/restore.ts';
 import { CONFIG, MARKS, NODE, NODE_V4, NODE_V6, OTHER_NODE, corrupt, corruptionArb, toInput, worldArb } from './agent-fixtures.ts';
+import { buildModel, renderRuleset } from '../support/oracle.ts';
 
 const FAMILIES = ['ipv4', 'ipv6'] as const;
 
@@ -189,7 +189,7 @@ describe('SyncPipeline', () => {
             expect(r).toStrictEqual(renderRuleset(pure[f], { marks: MARKS }));
             if (prev) {
               // The engine's record of a change is what a diff of the two models finds.
-              const changes = portChanges(prev.model[f].ports, model[f])!;
+              const changes = portChanges(prev.model[f].ports, model[f], pipeline.changes(f))!;
               const found = diffServedPorts(prev.model[f].ports, model[f].ports)!;
               expect({ removed: changes.removed, added: changes.added }).toStrictEqual(found);
               if ('since' in changes) seen.set('recorded', (seen.get('recorded') ?? 0) + 1);
@@ -240,7 +240,7 @@ describe('SyncPipeline', () => {
           const s: State = { nodeAddresses: [...NODE_V4, ...NODE_V6], services: [...start.services], slices: [...start.slices], deleted: [], serial: 0 };
           const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
           let rehearsed = false;
-          const head = new HeadStart(pipeline, {
+          const head = pipeline.headStart({
             families: listing.families,
             rehearse: (model) => {
               rehearsed = true;
@@ -300,7 +300,7 @@ describe('SyncPipeline', () => {
       ports: [{ name: 'p', port: 8080, protocol: 'TCP' }],
     };
     const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
-    const head = new HeadStart(pipeline, { families: ['ipv4'] });
+    const head = pipeline.headStart({ families: ['ipv4'] });
     head.slicesListed([slice]);
     head.node([...NODE_V4]);
     head.servicesListed([svc]);
@@ -327,7 +327,7 @@ describe('SyncPipeline', () => {
     const run = (counted: boolean, nodeFirst: boolean) => {
       const pipeline = new SyncPipeline({ nodeName: NODE, model: CONFIG, render: { marks: MARKS } });
       const seen: string[] = [];
-      const head = new HeadStart(pipeline, { families: ['ipv4'], rehearse: (m) => seen.push(`rehearsed ${m.ipv4.ports.length}`) });
+      const head = pipeline.headStart({ families: ['ipv4'], rehearse: (m) => seen.push(`rehearsed ${m.ipv4.ports.length}`) });
       const left = (n: number) => (counted ? n : undefined);
       if (nodeFirst) head.node([...NODE_V4]);
       // Pages of 2 of 6 Services and 6 slices.

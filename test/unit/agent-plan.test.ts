@@ -9,16 +9,17 @@ import type { V1Lease, V1Service } from '@kubernetes/client-node';
 import { execa } from 'execa';
 import { afterAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
-import { readManifestFiles } from '../../agent/manifests.ts';
-import { allocatorConfig, allocateOffline, PLAN_SPEC } from '../../agent/plan.ts';
+import { readManifestFiles } from '../../cmd/manifests.ts';
+import { allocateOffline } from '../../cmd/offline.ts';
+import { PLAN_SPEC } from '../../cmd/plan.ts';
 import { allocate, DEFAULT_ALLOCATE_RANGE, DEFAULT_RESERVED_PORTS } from '../../controller/allocate.ts';
-import { CONTROLLER_SPEC } from '../../controller/main.ts';
+import { allocatorConfig, CONTROLLER_SPEC } from '../../cmd/controller.ts';
 import { statusPatch } from '../../controller/status.ts';
 import { parseConfig } from '../../lib/config.ts';
 import { agentLeaseName, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6 } from '../../lib/contract.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 
-const CLI = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const defaults = () => allocatorConfig(parseConfig(PLAN_SPEC.options, [], {}).values);
 
 const n1 = node('n1', [{ type: 'InternalIP', address: '192.0.2.11' }, { type: 'InternalIP', address: '2001:db8::11' }]);

@@ -3,11 +3,12 @@
 // the same against the kernel).
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildModel } from '../../agent/model.ts';
-import { driftLogFields, findDrift, healJumps, healText } from '../../agent/applier.ts';
-import { renderRuleset, TABLES, type Ruleset, type TableName } from '../../agent/render.ts';
-import { commandsText, parseSave, planText, restoreText, splitRule, type SavedTables } from '../../agent/restore.ts';
+
+import { driftLogFields, findDrift, healJumps, healText } from '../../agent/iptables/applier.ts';
+import { TABLES, type Ruleset, type TableName } from '../../agent/iptables/render.ts';
+import { commandsText, parseSave, planText, restoreText, splitRule, type SavedTables } from '../../agent/iptables/restore.ts';
 import { MARKS, toInput, worldArb } from './agent-fixtures.ts';
+import { buildModel, renderRuleset } from '../support/oracle.ts';
 
 const BUILTIN: Record<string, string[]> = {
   nat: ['PREROUTING', 'INPUT', 'OUTPUT', 'POSTROUTING'],

@@ -12,9 +12,9 @@ import { execa } from 'execa';
 import fc from 'fast-check';
 import { afterAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
-import { inCidr } from '../../agent/interp.ts';
-import type { ServedPort } from '../../agent/model.ts';
-import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket, type TraceWorld } from '../../agent/trace.ts';
+import { inCidr } from '../../agent/iptables/interp.ts';
+import type { ServedPort } from '../../agent/engine/model.ts';
+import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket, type TraceWorld } from '../../agent/iptables/trace.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 import { CLIENT, MARKS, NODE_V4, NODE_V6, toInput, worldArb } from './agent-fixtures.ts';
 
@@ -192,7 +192,7 @@ describe('trace', () => {
     const v = trace(world, tcp(OUTSIDE, N1.v4, 91));
     expect(v.affinity).toBe(600);
     expect(v.endpoints.map((e) => e.probability.toFixed(3))).toEqual(['0.333', '0.333', '0.333']);
-    expect(v.endpoints.every((e) => e.hops.some((h) => / -m recent --set --name PIER-AFF-\S+ .* -j DNAT /.test(h.rule)))).toBe(true);
+    expect(v.endpoints.every((e) => e.hops.some((h) => / -m recent --set --name \S+-PIER-AFF .* -j DNAT /.test(h.rule)))).toBe(true);
     expect(verdictText(v)).toContain('session affinity ClientIP: a client seen within 600 s goes back to the endpoint it used last');
     expect(trace(world, tcp(OUTSIDE, N1.v4, 80)).affinity).toBeUndefined();
   });
@@ -326,7 +326,7 @@ function checkAgainstPlan(v: ReturnType<typeof trace>, served: ServedPort, clien
 }
 
 describe('pier trace (the command)', () => {
-  const cli = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+  const cli = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
   const dir = mkdtempSync(join(tmpdir(), 'pier-trace-unit-'));
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
   const items = [node('n1', [{ type: 'InternalIP', address: N1.v4 }, { type: 'InternalIP', address: N1.v6 }]), ...parts.flatMap((p) => [p.svc, ...p.slices])];

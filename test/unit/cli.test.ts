@@ -2,7 +2,7 @@ import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { describe, expect, it } from 'vitest';
 
-const cli = fileURLToPath(new URL('../../lib/cli.ts', import.meta.url));
+const cli = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const pier = (...args: string[]) => execa(process.execPath, [cli, ...args], { reject: false });
 
 describe('pier CLI', () => {

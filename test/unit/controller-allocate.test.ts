@@ -10,7 +10,10 @@ import {
   PORT_MAPPING_ANNOTATION,
   allocate,
   defaultAllocatorConfig,
+  hashText,
   judgeNodes,
+  parseMaxAddresses,
+  rendezvousScore,
   type AllocateInput,
   type Allocation,
   type AllocatorConfig,
@@ -92,10 +95,12 @@ interface ServiceSpec {
   endpoints: Endpoint[];
   /** Whatever a previous controller (or a person) left in the status. */
   status: { ip: string; ports: { port: number; protocol: string; error?: string }[] }[];
+  /** Any other annotations (pier.dev/max-addresses). */
+  annotations?: Record<string, string>;
 }
 
 function serviceObject(s: ServiceSpec): V1Service {
-  const annotations: Record<string, string> = {};
+  const annotations: Record<string, string> = { ...s.annotations };
   if (s.pool !== undefined) annotations[POOL] = s.pool;
   if (s.mode !== undefined) annotations[PORT_MODE] = s.mode;
   return {
@@ -1178,5 +1183,523 @@ describe('allocate: examples', () => {
     const out = allocate(input(w, services)).services;
     expect(out.get('default/good')!.condition.status).toBe('True');
     expect(out.get('default/bad')!.condition).toEqual({ status: 'False', reason: 'InvalidService', message: 'cannot read the Service: no ports today' });
+  });
+});
+
+// ---------------------------------------------------------------------------
+// A bounded, stable address set per Service (issue 29)
+
+/** Node i of a large cluster: IPv4 in 198.18.0.0/15 (the benchmarking range), IPv6 in 2001:db8:1::/64. */
+function bigNode(i: number, extra: Partial<NodeSpec> = {}, v6 = true): NodeSpec {
+  return node(`node-${String(i).padStart(4, '0')}`, [`198.18.${i >> 8}.${i & 255}`, ...(v6 ? [`2001:db8:1::${(i + 1).toString(16)}`] : [])], extra);
+}
+
+const MAX = 'pier.dev/max-addresses';
+
+/** What a Service's K is, read independently: the annotation when it is a positive integer or `all`, else the configured one. */
+function boundOf(s: ServiceSpec, cfg: AllocatorConfig): number {
+  const a = s.annotations?.[MAX]?.trim();
+  if (a === 'all') return Infinity;
+  if (a !== undefined && /^\d+$/.test(a) && Number(a) >= 1) return Number(a);
+  return cfg.maxAddresses ?? 16;
+}
+
+const ipsOf = (a: ServiceAllocation | undefined) => (a?.ingress ?? []).map((i) => i.ip);
+const ofFamily = (ips: Iterable<string>, family: Fam) => [...ips].filter((ip) => famOf(ip) === family);
+
+/**
+ * Clusters larger than a Service's K: up to 28 nodes, some ineligible in each
+ * way, two pools; Services of both policies, some with endpoints, some with
+ * a status from before (addresses of nodes that exist or not), some with the
+ * annotation (valid or not). Ports are unique per Service unless `shared`.
+ */
+const boundWorldArb: fc.Arbitrary<World & { shared: boolean }> = fc
+  .record({
+    nodes: fc.array(fc.record({ v6: fc.integer({ min: 0, max: 3 }), flaw: fc.integer({ min: 0, max: 14 }), pool: fc.integer({ min: 0, max: 9 }) }), { maxLength: 28 }),
+    k: fc.integer({ min: 1, max: 5 }),
+    shared: fc.boolean(),
+    services: fc.array(
+      fc.record({
+        families: fc.constantFrom(['IPv4'], ['IPv4'], ['IPv6'], ['IPv4', 'IPv6'], ['IPv6', 'IPv4']),
+        local: fc.integer({ min: 0, max: 2 }),
+        pool: fc.integer({ min: 0, max: 9 }),
+        max: fc.constantFrom(undefined, undefined, undefined, undefined, '2', '7', 'all', '0', 'lots'),
+        endpoints: fc.array(fc.record({ node: fc.nat(32), v6: fc.boolean(), kind: fc.constantFrom('ready', 'ready', 'ready', 'terminating', 'notReady') }), { maxLength: 10 }),
+        status: fc.array(fc.record({ node: fc.nat(32), v6: fc.boolean() }), { maxLength: 8 }),
+      }),
+      { minLength: 1, maxLength: 10 },
+    ),
+  })
+  .map(({ nodes, k, shared, services }) => {
+    const nodeSpecs = nodes.map((n, i) =>
+      bigNode(
+        i,
+        {
+          ready: n.flaw !== 1,
+          lease: n.flaw === 2 ? 'stale' : n.flaw === 3 ? 'missing' : 'fresh',
+          excluded: n.flaw === 4,
+          forward: { ipv4: n.flaw !== 5, ipv6: n.flaw !== 6 },
+          pool: n.pool === 0 ? 'b' : undefined,
+        },
+        n.v6 !== 0,
+      ),
+    );
+    const addressOf = (i: number, v6: boolean) => (v6 ? `2001:db8:1::${(i + 1).toString(16)}` : `198.18.${i >> 8}.${i & 255}`);
+    const port = (i: number) => (shared ? 80 : 1000 + i);
+    const serviceSpecs = services.map((s, i) =>
+      svc(`s${i}`, [tcp(port(i))], {
+        created: i,
+        families: [...s.families],
+        local: s.local === 0,
+        pool: s.pool === 0 ? 'b' : undefined,
+        ...(s.max !== undefined ? { annotations: { [MAX]: s.max } } : {}),
+        endpoints: s.endpoints.map((e) => ({
+          node: bigNode(e.node).name,
+          v6: e.v6,
+          ...(e.kind === 'ready' ? { ready: true } : e.kind === 'notReady' ? { ready: false } : { ready: false, serving: true, terminating: true }),
+        })),
+        status: s.status.map((x) => ({ ip: addressOf(x.node, x.v6), ports: [{ port: port(i), protocol: 'TCP' }] })),
+      }),
+    );
+    return { nodes: nodeSpecs, services: serviceSpecs, config: defaultAllocatorConfig({ maxAddresses: k }), shared };
+  });
+
+/** Ways a node stops serving, and what it still serves afterwards. */
+const LOSSES: { name: string; apply: (n: NodeSpec) => NodeSpec | undefined }[] = [
+  { name: 'deleted', apply: () => undefined },
+  { name: 'NotReady', apply: (n) => ({ ...n, ready: false }) },
+  { name: 'Lease expired', apply: (n) => ({ ...n, lease: 'stale' }) },
+  { name: 'excluded', apply: (n) => ({ ...n, excluded: true }) },
+  { name: 'IPv6 forwarding off', apply: (n) => ({ ...n, forward: { ...n.forward, ipv6: false } }) },
+];
+
+/** Node counts: how many Services list each node (by its address), per family. */
+function loads(allocation: Allocation, nodes: NodeSpec[], family: Fam): Map<string, number> {
+  const byAddress = new Map(nodes.map((n) => [chosenAddress(n, family), n.name]));
+  const out = new Map(nodes.map((n) => [n.name, 0]));
+  for (const a of allocation.services.values()) for (const ip of ofFamily(ipsOf(a), family)) out.set(byAddress.get(ip)!, out.get(byAddress.get(ip)!)! + 1);
+  return out;
+}
+
+/**
+ * MurmurHash3 x86 32-bit over bytes, written from the reference (smhasher),
+ * byte by byte, to check pier's string version against.
+ */
+function murmur3Bytes(bytes: Uint8Array, seed = 0): number {
+  const c1 = 0xcc9e2d51;
+  const c2 = 0x1b873593;
+  let h = seed >>> 0;
+  const blocks = Math.floor(bytes.length / 4);
+  for (let b = 0; b < blocks; b++) {
+    let k = bytes[4 * b]! | (bytes[4 * b + 1]! << 8) | (bytes[4 * b + 2]! << 16) | (bytes[4 * b + 3]! << 24);
+    k = Math.imul(k, c1);
+    k = (k << 15) | (k >>> 17);
+    k = Math.imul(k, c2);
+    h ^= k;
+    h = (h << 13) | (h >>> 19);
+    h = (Math.imul(h, 5) + 0xe6546b64) | 0;
+  }
+  const tail = bytes.length & 3;
+  let k = 0;
+  if (tail >= 3) k ^= bytes[4 * blocks + 2]! << 16;
+  if (tail >= 2) k ^= bytes[4 * blocks + 1]! << 8;
+  if (tail >= 1) {
+    k ^= bytes[4 * blocks]!;
+    k = Math.imul(k, c1);
+    k = (k << 15) | (k >>> 17);
+    k = Math.imul(k, c2);
+    h ^= k;
+  }
+  h ^= bytes.length;
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+describe('allocate: at most K addresses per family, stable and spread', () => {
+  it('lists min(K, eligible) addresses per family, all of them eligible, K from the annotation when valid', () => {
+    fc.assert(
+      fc.property(boundWorldArb, (w) => {
+        const a = allocate(input(w));
+        for (const s of w.services) {
+          const got = ipsOf(a.services.get(key(s)));
+          const expected = expectedAddresses(w, s);
+          for (const ip of got) expect(expected.has(ip), ip).toBe(true);
+          const k = boundOf(s, w.config);
+          for (const family of familiesOf(s)) expect(ofFamily(got, family)).toHaveLength(Math.min(k, ofFamily(expected, family).length));
+          const invalid = s.annotations?.[MAX] === '0' || s.annotations?.[MAX] === 'lots';
+          expect(a.services.get(key(s))!.problems.some((p) => p.reason === 'InvalidMaxAddresses')).toBe(invalid);
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('returns what it was fed back: a restarted controller keeps every status', () => {
+    fc.assert(
+      fc.property(boundWorldArb, (w) => {
+        const services = w.services.map(serviceObject);
+        const first = allocate(input(w, services));
+        const second = allocate(input(w, feedBack(services, first)));
+        expect([...second.services]).toEqual([...first.services]);
+      }),
+      RUNS,
+    );
+  });
+
+  it('when a node stops serving, changes only the Services that listed it, and those only by its address', () => {
+    fc.assert(
+      fc.property(boundWorldArb, fc.nat(), fc.nat({ max: LOSSES.length - 1 }), (w, pick, how) => {
+        fc.pre(w.nodes.length > 0);
+        const steady = feedBack(w.services.map(serviceObject), allocate(input(w)));
+        const before = allocate(input(w, steady));
+        const victim = w.nodes[pick % w.nodes.length]!;
+        const after = allocate(input({ ...w, nodes: w.nodes.flatMap((n) => (n === victim ? (LOSSES[how]!.apply(n) ?? []) : [n])) }, steady));
+        const gone = new Set(victim.addresses.map((a) => canonical(a.address)));
+        for (const [k, was] of before.services) {
+          const now = after.services.get(k)!;
+          const listed = ipsOf(was).some((ip) => gone.has(ip));
+          if (!listed) {
+            // A family no node could serve names a count of all nodes; a shared port may now meet an older Service elsewhere.
+            const countsNodes = was.problems.some((p) => p.reason === 'NoEligibleNodes');
+            if (w.shared || countsNodes) expect(ipsOf(now), k).toEqual(ipsOf(was));
+            else expect(now, k).toEqual(was);
+          } else {
+            // Every other address stays; only the lost node's may go (and be replaced).
+            for (const ip of ipsOf(was)) if (!gone.has(ip)) expect(ipsOf(now), k).toContain(ip);
+          }
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('keeps the old addresses when K is raised, and lists a subset of them when it is lowered', () => {
+    fc.assert(
+      fc.property(boundWorldArb, fc.integer({ min: 1, max: 6 }), (w, k2) => {
+        // No statuses from before and no annotations: the bound is the flag's.
+        const plain = { ...w, services: w.services.map((s) => ({ ...s, status: [], annotations: {} })) };
+        const first = allocate(input(plain));
+        const restarted = feedBack(plain.services.map(serviceObject), first);
+        const second = allocate(input({ ...plain, config: { ...plain.config, maxAddresses: k2 } }, restarted));
+        const k1 = plain.config.maxAddresses!;
+        for (const [k, was] of first.services) {
+          const now = ipsOf(second.services.get(k));
+          if (k2 >= k1) for (const ip of ipsOf(was)) expect(now, k).toContain(ip);
+          else for (const ip of now) expect(ipsOf(was), k).toContain(ip);
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('keeps what the status lists among the Service\'s best 2K nodes by score, up to K, and fills from the best', () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 2, max: 30 }),
+        fc.integer({ min: 1, max: 5 }),
+        fc.string({ minLength: 1, maxLength: 10 }),
+        fc.array(fc.boolean(), { minLength: 30, maxLength: 30 }),
+        (count, k, name, inStatus) => {
+          fc.pre(count > k);
+          const nodes = Array.from({ length: count }, (_, i) => bigNode(i, {}, false));
+          const web = svc(name, [tcp(80)]);
+          // The rule, from the exported score alone: best first, ties by name.
+          const score = (n: NodeSpec) => rendezvousScore(`default/${name}`, n.name);
+          const ranked = [...nodes].sort((x, y) => score(y) - score(x) || (x.name < y.name ? -1 : 1));
+          const listed = nodes.filter((_, i) => inStatus[i]);
+          const kept = ranked.slice(0, 2 * k).filter((n) => listed.includes(n)).slice(0, k);
+          const expected = [...kept, ...ranked.filter((n) => !kept.includes(n))].slice(0, k);
+          const status = listed.map((n) => ({ ip: chosenAddress(n, 'ipv4')!, ports: [{ port: 80, protocol: 'TCP' }] }));
+          const got = ipsOf(run(nodes, [{ ...web, status }], defaultAllocatorConfig({ maxAddresses: k })).get(`default/${name}`));
+          expect(new Set(got)).toEqual(new Set(expected.map((n) => chosenAddress(n, 'ipv4'))));
+        },
+      ),
+      RUNS,
+    );
+  });
+
+  it('never lets two Services serve one (address, protocol, port) when they list different nodes', () => {
+    fc.assert(
+      fc.property(boundWorldArb, (w) => {
+        const a = allocate(input(w));
+        const owner = new Map<string, string>();
+        for (const [k, svc] of a.services) {
+          for (const ing of svc.ingress) {
+            for (const p of ing.ports) {
+              if (p.error) continue;
+              const frontend = `${ing.ip}|${p.protocol}|${p.port}`;
+              expect(owner.get(frontend), frontend).toBeUndefined();
+              owner.set(frontend, k);
+            }
+          }
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('judges an eligible node the Service does not list as notChosen, and every listed one as serving', () => {
+    fc.assert(
+      fc.property(boundWorldArb, (w) => {
+        const i = input(w);
+        const a = allocate(i);
+        for (const [k, judged] of judgeNodes(i)) {
+          const s = w.services.find((x) => key(x) === k)!;
+          const listed = new Set(ipsOf(a.services.get(k)));
+          for (const j of judged) {
+            const n = w.nodes.find((x) => x.name === j.node)!;
+            const addr = chosenAddress(n, j.family);
+            if (!j.excluded) expect(listed.has(addr!), `${k} ${j.node}`).toBe(true);
+            else if (j.excluded.kind === 'notChosen') {
+              expect(eligible(w, n, s, j.family)).toBe(true);
+              expect(listed.has(addr!)).toBe(false);
+            } else expect(listed.has(addr ?? '')).toBe(false);
+          }
+        }
+      }),
+      RUNS,
+    );
+  });
+
+  it('keeps every eligible node while there are at most K, then lists the K best-scoring', () => {
+    const cfg = defaultAllocatorConfig({ maxAddresses: 3 });
+    const nodes = [0, 1, 2, 3, 4, 5].map((i) => bigNode(i, {}, false));
+    const web = svc('web', [tcp(80)]);
+    expect(ipsOf(run(nodes.slice(0, 3), [web], cfg).get('default/web'))).toEqual(['198.18.0.0', '198.18.0.1', '198.18.0.2']);
+    const best = [...nodes].sort((x, y) => rendezvousScore('default/web', y.name) - rendezvousScore('default/web', x.name)).slice(0, 3);
+    expect(ipsOf(run(nodes, [web], cfg).get('default/web'))).toEqual(best.map((n) => chosenAddress(n, 'ipv4')!).sort(numeric));
+    // The default is 16: a cluster of 16 nodes is served as before, the 17th is where the bound begins.
+    const sixteen = Array.from({ length: 17 }, (_, i) => bigNode(i, {}, false));
+    expect(ipsOf(run(sixteen.slice(0, 16), [web]).get('default/web'))).toHaveLength(16);
+    expect(ipsOf(run(sixteen, [web]).get('default/web'))).toHaveLength(16);
+  });
+
+  it('takes K per Service from pier.dev/max-addresses, and says so when the value is bad', () => {
+    const nodes = Array.from({ length: 6 }, (_, i) => bigNode(i));
+    const cfg = defaultAllocatorConfig({ maxAddresses: 2 });
+    const dual = (max?: string) => svc('web', [tcp(80)], { families: ['IPv4', 'IPv6'], ...(max !== undefined ? { annotations: { [MAX]: max } } : {}) });
+    const count = (max?: string) => run(nodes, [dual(max)], cfg).get('default/web')!;
+    expect(ipsOf(count())).toHaveLength(4);
+    expect(ipsOf(count('1'))).toHaveLength(2);
+    expect(ipsOf(count(' 5 '))).toHaveLength(10);
+    expect(ipsOf(count('all'))).toHaveLength(12);
+    for (const bad of ['0', '-1', 'ALL', 'two', '1.5']) {
+      const out = count(bad);
+      expect(ipsOf(out), bad).toHaveLength(4);
+      expect(out.condition.status).toBe('True');
+      expect(out.problems).toEqual([
+        { reason: 'InvalidMaxAddresses', message: `annotation pier.dev/max-addresses=${JSON.stringify(bad)} is neither a positive integer nor "all"; using 2 (the controller's --max-addresses) addresses per family` },
+      ]);
+    }
+    // The flag may be `all`: every eligible node, as before there was a bound.
+    expect(ipsOf(run(nodes, [dual()], defaultAllocatorConfig({ maxAddresses: Infinity })).get('default/web'))).toHaveLength(12);
+  });
+
+  it('does not move a Service back to a node that returns, and a status that lists every node keeps the best-scoring', () => {
+    const cfg = defaultAllocatorConfig({ maxAddresses: 2 });
+    const nodes = Array.from({ length: 8 }, (_, i) => bigNode(i, {}, false));
+    const w: World = { nodes, services: [svc('web', [tcp(80)])], config: cfg };
+    const fresh = allocate(input(w));
+    const top = ipsOf(fresh.services.get('default/web'));
+    // Its first node goes down: one replacement.
+    const down = nodes.find((n) => chosenAddress(n, 'ipv4') === top[0])!;
+    const without = { ...w, nodes: nodes.map((n) => (n === down ? { ...n, ready: false } : n)) };
+    const moved = allocate(input(without, feedBack(w.services.map(serviceObject), fresh)));
+    const replaced = ipsOf(moved.services.get('default/web'));
+    expect(replaced).toContain(top[1]);
+    expect(replaced).not.toContain(top[0]);
+    // It comes back: the status stays as it is (a fresh allocation would list it again).
+    const back = allocate(input(w, feedBack(w.services.map(serviceObject), moved)));
+    expect(ipsOf(back.services.get('default/web'))).toEqual(replaced);
+    expect(ipsOf(allocate(input(w)).services.get('default/web'))).toEqual(top);
+    // A status from before the bound, listing all eight, keeps the two a fresh allocation picks.
+    const everything = svc('web', [tcp(80)], { status: nodes.map((n) => ({ ip: chosenAddress(n, 'ipv4')!, ports: [{ port: 80, protocol: 'TCP' }] })) });
+    expect(ipsOf(run(nodes, [everything], cfg).get('default/web'))).toEqual(top);
+  });
+
+  it('lets a growing cluster rebalance: a status keeps a node only while it ranks among the Service\'s best 2K', () => {
+    // 8 nodes and K = 8: every Service lists all of them. Then 24 more join.
+    const k = 8;
+    const cfg = defaultAllocatorConfig({ maxAddresses: k });
+    const services = Array.from({ length: 1200 }, (_, i) => svc(`grow-${i}`, [tcp(1000 + (i % 60000))]));
+    const small = Array.from({ length: 8 }, (_, i) => bigNode(i, {}, false));
+    const first = allocate(input({ nodes: small, services, config: cfg }));
+    for (const a of first.services.values()) expect(a.ingress).toHaveLength(8);
+    const grown = Array.from({ length: 32 }, (_, i) => bigNode(i, {}, false));
+    const after = allocate(input({ nodes: grown, services, config: cfg }, feedBack(services.map(serviceObject), first)));
+    const mean = (services.length * k) / grown.length;
+    const sigma = Math.sqrt(mean);
+    const counts = [...loads(after, grown, 'ipv4').values()];
+    // Each old node is kept by the Services that rank it in their best 16 of 32 (about half), so at most about twice its share;
+    // each new node gets a share of the places they free. Without the window new nodes would get nothing.
+    expect(Math.max(...counts)).toBeLessThanOrEqual(2 * mean + 5 * sigma);
+    expect(Math.min(...counts)).toBeGreaterThanOrEqual(mean / 4);
+    // And fed back once more, nothing moves.
+    const again = allocate(input({ nodes: grown, services, config: cfg }, feedBack(services.map(serviceObject), after)));
+    expect([...again.services]).toEqual([...after.services]);
+  });
+
+  it('spreads Services evenly: each node\'s count within 5 standard deviations of K/N of them, in both families', () => {
+    fc.assert(
+      fc.property(fc.string({ minLength: 1, maxLength: 8 }), fc.constantFrom('default', 'shop', 'kube-system'), (prefix, namespace) => {
+        const k = 8;
+        const nodes = Array.from({ length: 50 }, (_, i) => bigNode(i));
+        const services = Array.from({ length: 1500 }, (_, i) => ({ ...svc(`${prefix}-${i}`, [tcp(1000 + i)], { families: ['IPv4', 'IPv6'] }), namespace }));
+        const a = allocate(input({ nodes, services, config: defaultAllocatorConfig({ maxAddresses: k }) }));
+        // Each Service picks K of N: a node's count is Binomial(S, K/N).
+        const p = k / nodes.length;
+        const mean = services.length * p;
+        const sigma = Math.sqrt(mean * (1 - p));
+        for (const family of ['ipv4', 'ipv6'] as const) {
+          const counts = [...loads(a, nodes, family).values()];
+          expect(counts.reduce((x, y) => x + y, 0)).toBe(services.length * k);
+          expect(Math.max(...counts)).toBeLessThanOrEqual(mean + 5 * sigma);
+          expect(Math.min(...counts)).toBeGreaterThanOrEqual(mean - 5 * sigma);
+        }
+        // The families are ranked alike: the same nodes serve both.
+        for (const alloc of a.services.values()) {
+          const v4 = ofFamily(ipsOf(alloc), 'ipv4').map((ip) => nodes.find((n) => chosenAddress(n, 'ipv4') === ip)!.name).sort();
+          const v6 = ofFamily(ipsOf(alloc), 'ipv6').map((ip) => nodes.find((n) => chosenAddress(n, 'ipv6') === ip)!.name).sort();
+          expect(v6).toEqual(v4);
+        }
+      }),
+      { numRuns: 4 },
+    );
+  });
+
+  it('at scale, a node\'s loss rewrites exactly the Services that listed it, one address each', () => {
+    const cfg = defaultAllocatorConfig({ maxAddresses: 4 });
+    const nodes = Array.from({ length: 40 }, (_, i) => bigNode(i, {}, false));
+    const services = Array.from({ length: 400 }, (_, i) => svc(`app-${i}`, [tcp(1000 + i)]));
+    const w: World = { nodes, services, config: cfg };
+    const steady = feedBack(services.map(serviceObject), allocate(input(w)));
+    const before = allocate(input(w, steady));
+    const victim = nodes[17]!;
+    const after = allocate(input({ ...w, nodes: nodes.map((n) => (n === victim ? { ...n, lease: 'stale' } : n)) }, steady));
+    const address = chosenAddress(victim, 'ipv4')!;
+    let changed = 0;
+    let listed = 0;
+    for (const [k, was] of before.services) {
+      const now = after.services.get(k)!;
+      if (ipsOf(was).includes(address)) listed++;
+      if (JSON.stringify(now) === JSON.stringify(was)) continue;
+      changed++;
+      expect(ipsOf(was)).toContain(address);
+      expect(ipsOf(now)).not.toContain(address);
+      expect(ipsOf(now).filter((ip) => !ipsOf(was).includes(ip))).toHaveLength(1);
+    }
+    expect(listed).toBeGreaterThan(0);
+    expect(changed).toBe(listed);
+  });
+
+  it('caps a Local Service too: nodes with a ready endpoint before draining ones, most ready endpoints first in the list, and keeps a listed node while it still serves', () => {
+    const cfg = defaultAllocatorConfig({ maxAddresses: 3 });
+    const nodes = Array.from({ length: 8 }, (_, i) => bigNode(i, {}, false));
+    const ready = (i: number): Endpoint => ({ node: nodes[i]!.name, v6: false, ready: true });
+    const draining = (i: number): Endpoint => ({ node: nodes[i]!.name, v6: false, ready: false, serving: true, terminating: true });
+    // Ready endpoints on 0, 1, 2 (two on 2) and 4; 5, 6, 7 only draining.
+    const web = svc('web', [tcp(80)], { local: true, endpoints: [ready(0), ready(1), ready(2), ready(2), ready(4), draining(5), draining(6), draining(7)] });
+    const w: World = { nodes, services: [web], config: cfg };
+    const first = allocate(input(w)).services.get('default/web')!;
+    const listed = ipsOf(first);
+    expect(listed).toHaveLength(3);
+    const readyAddresses = [0, 1, 2, 4].map((i) => chosenAddress(nodes[i]!, 'ipv4')!);
+    for (const ip of listed) expect(readyAddresses).toContain(ip);
+    // In the list, the node with two ready endpoints first if it is listed, then numeric.
+    const readyCount = (ip: string) => (ip === chosenAddress(nodes[2]!, 'ipv4') ? 2 : 1);
+    expect(listed).toEqual([...listed].sort((x, y) => readyCount(y) - readyCount(x) || numeric(x, y)));
+    // A listed node's pod starts draining: it still serves, so it stays listed.
+    const drained = nodes.findIndex((n) => chosenAddress(n, 'ipv4') === listed[listed.length - 1]);
+    const rolling = { ...web, endpoints: web.endpoints.map((e) => (e.node === nodes[drained]!.name ? draining(drained) : e)) };
+    const restarted = feedBack([serviceObject(web)], allocate(input(w)));
+    const during = allocate(input({ ...w, services: [rolling] }, [{ ...serviceObject(rolling), status: restarted[0]!.status }])).services.get('default/web')!;
+    expect(new Set(ipsOf(during))).toEqual(new Set(listed));
+    // Once it no longer serves there, another node with a ready endpoint takes its place.
+    const gone = { ...web, endpoints: web.endpoints.filter((e) => e.node !== nodes[drained]!.name) };
+    const after = allocate(input({ ...w, services: [gone] }, [{ ...serviceObject(gone), status: restarted[0]!.status }])).services.get('default/web')!;
+    expect(ipsOf(after)).toHaveLength(3);
+    expect(ipsOf(after)).not.toContain(listed[listed.length - 1]);
+    for (const ip of ipsOf(after)) expect(readyAddresses).toContain(ip);
+  });
+
+  it('judges conflicts per address: a shared port conflicts only where both Services list a node', () => {
+    const cfg = defaultAllocatorConfig({ maxAddresses: 2 });
+    const nodes = Array.from({ length: 4 }, (_, i) => bigNode(i, {}, false));
+    const at = (...is: number[]) => is.map((i) => ({ ip: chosenAddress(nodes[i]!, 'ipv4')!, ports: [{ port: 80, protocol: 'TCP' }] }));
+    // Statuses from before pin the nodes: old on 0 and 1, young on 1 and 2.
+    const out = run(nodes, [svc('old', [tcp(80)], { created: 1, status: at(0, 1) }), svc('young', [tcp(80)], { created: 2, status: at(1, 2) })], cfg);
+    expect(out.get('default/old')!.condition.reason).toBe('Serving');
+    const young = out.get('default/young')!;
+    expect(young.ingress).toEqual([
+      { ip: '198.18.0.1', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP', error: 'PortConflict' }] },
+      { ip: '198.18.0.2', ipMode: 'Proxy', ports: [{ port: 80, protocol: 'TCP' }] },
+    ]);
+    expect(young.condition.reason).toBe('PartiallyServed');
+    // Allocated ports stay unique per protocol across the cluster, whichever nodes each Service lists.
+    const seeds = run(nodes, [svc('a', [tcp(80)], { mode: 'allocate', status: at(0) }), svc('b', [tcp(80)], { mode: 'allocate', status: at(3), created: 1 })], cfg);
+    expect(seeds.get('default/a')!.portMapping).toBe('{"80/TCP":40000}');
+    expect(seeds.get('default/b')!.portMapping).toBe('{"80/TCP":40001}');
+  });
+
+  it('explains a node it does not list, for pier status', () => {
+    const cfg = defaultAllocatorConfig({ maxAddresses: 1 });
+    const nodes = [bigNode(0, {}, false), bigNode(1, {}, false)];
+    const w: World = { nodes, services: [svc('web', [tcp(80)])], config: cfg };
+    const listed = ipsOf(allocate(input(w)).services.get('default/web'));
+    const judged = judgeNodes(input(w)).get('default/web')!;
+    const other = judged.find((j) => !listed.includes(j.addresses[0]!))!;
+    expect(other.excluded).toEqual({
+      kind: 'notChosen',
+      why: "it is eligible, but the Service lists at most 1 IPv4 addresses (pier.dev/max-addresses, --max-addresses) and this node's is not among them",
+    });
+    expect(judged.filter((j) => !j.excluded)).toHaveLength(1);
+  });
+
+  it('hashes as MurmurHash3 (x86, 32 bit) of the name\'s UTF-16LE bytes, which its reference vectors pin', () => {
+    // smhasher's verification values for the byte-wise reference written above.
+    expect(murmur3Bytes(new Uint8Array(0), 0)).toBe(0);
+    expect(murmur3Bytes(new Uint8Array(0), 1)).toBe(0x514e28b7);
+    expect(murmur3Bytes(new Uint8Array([0x21, 0x43, 0x65, 0x87]), 0)).toBe(0xf55b516b);
+    expect(murmur3Bytes(new Uint8Array([0x21, 0x43, 0x65]), 0)).toBe(0x7e4a8634);
+    expect(murmur3Bytes(new Uint8Array([0x21, 0x43]), 0)).toBe(0xa0f7b07a);
+    expect(murmur3Bytes(new Uint8Array([0x21]), 0)).toBe(0x72661cf4);
+    expect(murmur3Bytes(new Uint8Array([0, 0, 0, 0]), 0)).toBe(0x2362f9de);
+    expect(murmur3Bytes(new Uint8Array(0), 0xffffffff)).toBe(0x81f16f39);
+    expect(murmur3Bytes(new TextEncoder().encode('The quick brown fox jumps over the lazy dog'), 0)).toBe(0x2e4ff723);
+    fc.assert(
+      fc.property(fc.string({ unit: 'binary', maxLength: 40 }), (text) => {
+        expect(hashText(text)).toBe(murmur3Bytes(new Uint8Array(Buffer.from(text, 'utf16le'))));
+      }),
+      { numRuns: 500 },
+    );
+    // The score is part of what statuses say (a change would move Services on an upgrade):
+    // MurmurHash3's finaliser of both names' hashes, XORed.
+    const fmix = (x: number) => {
+      x ^= x >>> 16;
+      x = Math.imul(x, 0x85ebca6b);
+      x ^= x >>> 13;
+      x = Math.imul(x, 0xc2b2ae35);
+      x ^= x >>> 16;
+      return x >>> 0;
+    };
+    const utf16 = (t: string) => new Uint8Array(Buffer.from(t, 'utf16le'));
+    fc.assert(
+      fc.property(fc.string({ maxLength: 30 }), fc.string({ maxLength: 30 }), (service, nodeName) => {
+        expect(rendezvousScore(service, nodeName)).toBe(fmix(murmur3Bytes(utf16(service)) ^ murmur3Bytes(utf16(nodeName))));
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('reads the flag and the annotation alike: a positive integer or all', () => {
+    expect(parseMaxAddresses('16')).toBe(16);
+    expect(parseMaxAddresses(' 1 ')).toBe(1);
+    expect(parseMaxAddresses('all')).toBe(Infinity);
+    expect(parseMaxAddresses('99999999999999999999')).toBe(Infinity);
+    for (const bad of ['0', '', '-3', 'All', '2.0', '0x10', undefined, 3]) expect(parseMaxAddresses(bad), String(bad)).toBeUndefined();
   });
 });

@@ -60,17 +60,17 @@ describe('Node version check', () => {
       });
     }
 
-    it('dist/lib/bin.js (package.json "bin") too', async () => {
+    it('dist/cmd/bin.js (package.json "bin") too', async () => {
       // tsc's emit for these two files, as `npm run build` writes it: with
       // isolatedModules, each file's output depends on that file alone (and
       // nodenext emits ES modules for them, package.json having "type": "module").
       const config = ts.getParsedCommandLineOfConfigFile(fileURLToPath(new URL('../../tsconfig.build.json', import.meta.url)), {}, { ...ts.sys, onUnRecoverableConfigFileDiagnostic: () => {} })!;
-      mkdirSync(join(dir, 'lib'), { recursive: true });
-      for (const name of ['bin', 'node-version']) {
-        const source = readFileSync(new URL(`../../lib/${name}.ts`, import.meta.url), 'utf8');
-        writeFileSync(join(dir, 'lib', `${name}.js`), ts.transpileModule(source, { compilerOptions: { ...config.options, module: ts.ModuleKind.ESNext }, fileName: `${name}.ts` }).outputText);
+      for (const [folder, name] of [['cmd', 'bin'], ['lib', 'node-version']] as const) {
+        mkdirSync(join(dir, folder), { recursive: true });
+        const source = readFileSync(new URL(`../../${folder}/${name}.ts`, import.meta.url), 'utf8');
+        writeFileSync(join(dir, folder, `${name}.js`), ts.transpileModule(source, { compilerOptions: { ...config.options, module: ts.ModuleKind.ESNext }, fileName: `${name}.ts` }).outputText);
       }
-      const r = await execa(OLD_NODE, [join(dir, 'lib', 'bin.js'), 'plan'], { reject: false });
+      const r = await execa(OLD_NODE, [join(dir, 'cmd', 'bin.js'), 'plan'], { reject: false });
       expect(r.exitCode).toBe(1);
       expect(r.stderr).toBe(tooOldMessage(oldVersion, OLD_NODE).trimEnd());
     });

@@ -9,11 +9,12 @@ import { ObjectSerializer } from '@kubernetes/client-node/dist/gen/models/Object
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { nodeAddresses } from '../../agent/agent.ts';
-import { buildModel, type ModelInput } from '../../agent/model.ts';
-import { renderRuleset } from '../../agent/render.ts';
+import { type ModelInput } from '../../agent/engine/model.ts';
+
 import { dropManagedFields, listAll, type ListPage } from '../../lib/informer.ts';
 import { project, slimEndpointSlice, slimNode, slimService, SERVICE_SHAPE } from '../../lib/slim.ts';
 import { CLASS, MARKS, NODE, NODE_V4, corrupt, corruptionArb, toInput, worldArb, type World } from './agent-fixtures.ts';
+import { buildModel, renderRuleset } from '../support/oracle.ts';
 
 const clone = <T>(x: T): T => structuredClone(x);
 

@@ -5,7 +5,7 @@ import type { V1EndpointSlice, V1Lease, V1Node, V1Service } from '@kubernetes/cl
 import { describe, expect, it } from 'vitest';
 
 import { allocate, defaultAllocatorConfig } from '../../controller/allocate.ts';
-import { expandShortFlags } from '../../controller/status-cli.ts';
+import { expandShortFlags } from '../../cmd/status.ts';
 import { alignColumns, buildStatusReport, formatAge, formatTable, notes, portCell, tableRows, type StatusInput } from '../../controller/status-report.ts';
 import { EXCLUDE_FROM_LB_LABEL, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV4_REASON, LEASE_FORWARDING_IPV6, POOL, READY_CONDITION } from '../../lib/contract.ts';
 

@@ -10,9 +10,9 @@ import { chooseSelection, type ChosenSelection } from '../lib/cluster-settings.t
 import { DEFAULT_NAMESPACE, LEADER_LEASE_NAME, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { KubeConfigError, loadKubeConfig, requestOptions } from '../lib/kube.ts';
 import { apiStatus } from '../lib/lease.ts';
-import { defaultAllocatorConfig } from './allocate.ts';
-import { CONTROLLER_SPEC } from './main.ts';
-import { buildStatusReport, formatJson, formatTable, LEASE_JUDGEMENT, type StatusInput } from './status-report.ts';
+import { defaultAllocatorConfig } from '../controller/allocate.ts';
+import { CONTROLLER_SPEC } from './controller.ts';
+import { buildStatusReport, formatJson, formatTable, LEASE_JUDGEMENT, type StatusInput } from '../controller/status-report.ts';
 
 /** The controller's own flag, so that status reads a Service as the controller does. */
 const controllerOption = (name: string): OptionSpec => CONTROLLER_SPEC.options.find((o) => o.name === name)!;

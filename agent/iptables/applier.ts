@@ -21,17 +21,17 @@
 // synced" to "rules in place". The iptables-restore of a full rewrite is
 // started ahead too, and waits for its payload. The two families' appliers
 // run side by side where the backend allows it (eachFamily).
-import type { Family } from '../lib/contract.ts';
-import type { Logger } from '../lib/log.ts';
-import { silentLogger } from '../lib/log.ts';
-import type { Backend, StartedRestore, Xtables } from './iptables.ts';
-import type { AgentMetrics } from './metrics.ts';
+import type { Family } from '../../lib/contract.ts';
+import type { Logger } from '../../lib/log.ts';
+import { silentLogger } from '../../lib/log.ts';
+import type { IptablesFlavour, StartedRestore, Xtables } from './xtables.ts';
+import type { AgentMetrics } from '../metrics.ts';
+import type { ApplyMode } from '../backend.ts';
 import { CHAIN_PREFIX, sameStrings, TABLES, type Ruleset, type TableName } from './render.ts';
-import { jumpTarget, parseSave, restorePieces, restoreText, splitRule, type JumpEdits, type SavedTables } from './restore.ts';
+import { jumpTarget, parseSave, restorePieces, restoreText, type JumpEdits, type SavedTables } from './restore.ts';
 
 export type { JumpEdits };
 
-export type ApplyMode = 'noop' | 'partial' | 'full';
 
 /**
  * How long a save read ahead stays good for the first full rewrite: longer
@@ -60,14 +60,13 @@ const DRIFT_LOG_CHAINS = 10;
  * Runs `apply` for each family: side by side with nft, one after the other
  * with legacy. An iptables-nft-restore spends most of its time in its own
  * process, parsing and building its batch, and the kernel takes the two
- * families' commits one at a time anyway: two restores of 10,000 ports each
- * took 1.7-2.5 s side by side and 2.3-3.8 s one after the other
- * (bench/README.md). A legacy restore holds the xtables lock, which
+ * families' commits one at a time anyway, so side by side is the faster
+ * (bench:agent, 10,000 ports per family). A legacy restore holds the xtables lock, which
  * iptables and ip6tables share, for its whole run: the second would only
  * wait for it, and could wait past -w.
  */
-export async function eachFamily<T>(backend: Backend, families: readonly Family[], apply: (family: Family) => Promise<T>): Promise<T[]> {
-  if (backend === 'nft') return Promise.all(families.map(apply));
+export async function eachFamily<T>(flavour: IptablesFlavour, families: readonly Family[], apply: (family: Family) => Promise<T>): Promise<T[]> {
+  if (flavour === 'nft') return Promise.all(families.map(apply));
   const out: T[] = [];
   for (const family of families) out.push(await apply(family));
   return out;
@@ -80,6 +79,11 @@ export class Applier {
   private readonly metrics: Pick<AgentMetrics, 'drift'> | undefined;
   /** What the kernel holds, as far as this process knows; undefined = unknown. */
   private applied: Ruleset | undefined;
+
+  /** Whether the kernel holds what this applier last wrote. */
+  get holdsRules(): boolean {
+    return this.applied !== undefined;
+  }
   /** The save for the next full rewrite, started early by prepare(), and when it started. */
   private pendingSave: { tables: Promise<SavedTables>; at: number } | undefined;
   /** The next full rewrite's iptables-restore, started by prepare(). */
@@ -90,12 +94,6 @@ export class Applier {
     this.family = xt.family;
     this.log = log.child({ family: xt.family });
     this.metrics = metrics;
-  }
-
-  /** Forget what was applied, so the next apply rewrites everything. */
-  invalidate(): void {
-    this.applied = undefined;
-    this.close();
   }
 
   /** Drops what was read and started ahead: a restore started ahead exits unused (the agent stops). */
@@ -382,6 +380,14 @@ export function driftLogFields(drift: Drift): Record<string, unknown> {
   if (drift.chains.length > DRIFT_LOG_CHAINS) fields.moreChains = drift.chains.length - DRIFT_LOG_CHAINS;
   if (drift.jumps.length > 0) fields.jumps = drift.jumps.map((j) => `${j.table}: ${j.missing} missing, ${j.unwanted} unwanted`);
   return fields;
+}
+
+/** A drift as lines, one per chain and per table of jumps (ApplyResult.drift). */
+export function driftLines(drift: Drift): string[] {
+  return [
+    ...drift.chains.map((c) => `${c.table} ${c.chain}: ${c.state}, ${c.lost} rules lost, ${c.added} added`),
+    ...drift.jumps.map((j) => `${j.table} jumps: ${j.missing} missing, ${j.unwanted} unwanted`),
+  ];
 }
 
 /** One table's pier chains from a save, as a ruleset's table (jumps aside: healJumps reads those). */

@@ -11,10 +11,12 @@
 //   nat POSTROUTING -> MASQUERADE when marked
 // and, without a DNAT, filter INPUT (OUTPUT) for the frontend itself.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import type { Family } from '../lib/contract.ts';
-import { branches, PROTO_NUMBERS, walk, type Hop, type Packet, type WalkResult } from './interp.ts';
-import { isPierService, parseAddress, PROTOCOLS, servicePortLabel, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServedPort } from './model.ts';
-import { SyncPipeline } from './pipeline.ts';
+import type { Family } from '../../lib/contract.ts';
+import { isProtocol, PROTOCOL } from '../../lib/protocols.ts';
+import { branches, walk, type Hop, type Packet, type WalkResult } from './interp.ts';
+import { isPierService, parseAddress, servicePortLabel, type Endpoint, type Model, type ModelConfig, type Problem, type Protocol, type ServedPort } from '../engine/model.ts';
+import { Engine } from '../engine/engine.ts';
+import { IptablesRenderer } from './renderer.ts';
 import type { MarkBits, Ruleset, TableName } from './render.ts';
 import { jumpTarget } from './restore.ts';
 
@@ -54,15 +56,15 @@ export interface TraceInput {
 
 export function traceWorld(input: TraceInput): TraceWorld {
   // The agent's own engine, from an empty state.
-  const pipeline = new SyncPipeline({ nodeName: input.nodeName, model: input.config, render: { marks: input.marks } });
-  const model = pipeline.model(input);
+  const model = new Engine({ nodeName: input.nodeName, model: input.config }).model(input);
+  const render = (f: Family) => new IptablesRenderer(f, { marks: input.marks }).render(model[f]);
   return {
     nodeName: input.nodeName,
     nodeAddresses: input.nodeAddresses.map((a) => parseAddress(a)?.text ?? a),
     marks: input.marks,
     config: input.config,
     model,
-    rulesets: { ipv4: pipeline.ruleset(model.ipv4), ipv6: pipeline.ruleset(model.ipv6) },
+    rulesets: { ipv4: render('ipv4'), ipv6: render('ipv6') },
     services: input.services,
   };
 }
@@ -119,8 +121,8 @@ export function parseFrontend(text: string): { address: string; port: number; pr
   if (m[1] !== undefined && addr.family !== 'ipv6') throw new TraceUsageError(`frontend ${JSON.stringify(text)}: only IPv6 addresses go in brackets`);
   const port = Number(m[3]);
   if (!Number.isInteger(port) || port < 1 || port > 65535) throw new TraceUsageError(`frontend ${JSON.stringify(text)}: port ${m[3]} is not in 1-65535`);
-  const protocol = (m[4] ?? 'TCP').toUpperCase() as Protocol;
-  if (!PROTOCOLS.includes(protocol)) throw new TraceUsageError(`frontend ${JSON.stringify(text)}: protocol ${m[4]} is not tcp, udp or sctp`);
+  const protocol = (m[4] ?? 'TCP').toUpperCase();
+  if (!isProtocol(protocol)) throw new TraceUsageError(`frontend ${JSON.stringify(text)}: protocol ${m[4]} is not tcp, udp or sctp`);
   return { address: addr.text, port, protocol };
 }
 
@@ -159,9 +161,9 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
   const ruleset = world.rulesets[family];
   const nat = tableChains(ruleset, 'nat');
   const filter = tableChains(ruleset, 'filter');
-  const proto = packet.protocol.toLowerCase() as Packet['proto'];
+  const { word: proto, number: protoNumber } = PROTOCOL[packet.protocol];
   const pkt: Packet = { src: client.text, dst: dst.text, proto, dport: packet.port };
-  const ct = (dnat: boolean) => ({ new: true, dnat, proto: PROTO_NUMBERS[proto]!, origsrc: client.text, origdst: dst.text, origdport: packet.port });
+  const ct = (dnat: boolean) => ({ new: true, dnat, proto: protoNumber, origsrc: client.text, origdst: dst.text, origdport: packet.port });
   const served = world.model[family].ports.find((p) => p.protocol === packet.protocol && p.frontends.some((f) => f.address === dst.text && f.port === packet.port));
   const base = {
     node: world.nodeName,
@@ -189,41 +191,8 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
   }
 
   const common = commonPrefix(paths.map((p) => p.hops));
-  const endpoints: EndpointTrace[] = paths.map((w) => {
-    if (w.verdict !== 'DNAT') throw new Error(`a spread ends in ${w.verdict}, not DNAT`);
-    const to = parseDnat(w.to!);
-    const ep = { ...pkt, dst: to.address, dport: to.port, mark: w.mark, ctmark: w.ctmark, ct: ct(true) };
-    const hostEndpoint = onNode(to.address);
-    const chains: ('FORWARD' | 'INPUT' | 'OUTPUT')[] = fromNode ? (hostEndpoint ? ['OUTPUT', 'INPUT'] : ['OUTPUT']) : hostEndpoint ? ['INPUT'] : ['FORWARD'];
-    const hops = hopsIn('nat', w).slice(common);
-    let outcome: EndpointTrace['outcome'] = 'delivered';
-    for (const chain of chains) {
-      const f = walk(filter, chain, ep);
-      hops.push(...hopsIn('filter', f));
-      if (f.verdict === 'DROP' || f.verdict === 'REJECT') {
-        outcome = f.verdict === 'DROP' ? 'dropped' : 'rejected';
-        break;
-      }
-    }
-    let masqueraded = false;
-    if (outcome === 'delivered') {
-      const post = walk(nat, 'POSTROUTING', ep);
-      hops.push(...hopsIn('nat', post));
-      masqueraded = post.verdict === 'MASQUERADE';
-    }
-    const known = served?.endpoints.find((e: Endpoint) => e.address === to.address && e.port === to.port);
-    return {
-      address: to.address,
-      port: to.port,
-      probability: w.chance,
-      ...(known ? { local: known.local } : {}),
-      outcome,
-      via: chains[0]!,
-      masqueraded,
-      sourceSeen: masqueraded ? { kind: 'node', node: world.nodeName } : { kind: 'client', address: client.text },
-      hops,
-    };
-  });
+  const along: SpreadContext = { nat, filter, pkt, ct, onNode, fromNode, common, served, nodeName: world.nodeName, client: client.text };
+  const endpoints = paths.map((w) => endpointTrace(w, along));
   const hops = hopsIn('nat', paths[0]!).slice(0, common);
   const what = served?.comment ?? 'the frontend';
   const delivered = endpoints.filter((e) => e.outcome === 'delivered');
@@ -234,6 +203,60 @@ export function trace(world: TraceWorld, packet: TracePacket): Verdict {
   const dropped = endpoints[0]!.outcome;
   const ranged = served?.restrictSources ? `: ${client.text} is not in the Service's source ranges (${served.sourceRanges.join(', ') || `none of ${family}`})` : '';
   return { ...base, outcome: dropped === 'rejected' ? 'rejected' : 'dropped', reason: `${what}: ${dropped} in ${whereIn(endpoints[0]!.hops)}${ranged}`, hops, endpoints };
+}
+
+/** What every endpoint of one spread is traced against (trace). */
+interface SpreadContext {
+  nat: ReturnType<typeof tableChains>;
+  filter: ReturnType<typeof tableChains>;
+  pkt: Packet;
+  /** The connection as conntrack knows it, DNATed or not. */
+  ct: (dnat: boolean) => NonNullable<Packet['ct']>;
+  onNode: (address: string) => boolean;
+  fromNode: boolean;
+  /** Hops all of the spread's paths share, reported once. */
+  common: number;
+  served: ServedPort | undefined;
+  nodeName: string;
+  client: string;
+}
+
+/** One path of a spread: the endpoint it DNATs to, then the filter chains and POSTROUTING the connection meets on its way there. */
+function endpointTrace(w: WalkResult, c: SpreadContext): EndpointTrace {
+  if (w.verdict !== 'DNAT') throw new Error(`a spread ends in ${w.verdict}, not DNAT`);
+  const { nat, filter, onNode, fromNode, served } = c;
+  const to = parseDnat(w.to!);
+  const ep = { ...c.pkt, dst: to.address, dport: to.port, mark: w.mark, ctmark: w.ctmark, ct: c.ct(true) };
+  const hostEndpoint = onNode(to.address);
+  const chains: ('FORWARD' | 'INPUT' | 'OUTPUT')[] = fromNode ? (hostEndpoint ? ['OUTPUT', 'INPUT'] : ['OUTPUT']) : hostEndpoint ? ['INPUT'] : ['FORWARD'];
+  const hops = hopsIn('nat', w).slice(c.common);
+  let outcome: EndpointTrace['outcome'] = 'delivered';
+  for (const chain of chains) {
+    const f = walk(filter, chain, ep);
+    hops.push(...hopsIn('filter', f));
+    if (f.verdict === 'DROP' || f.verdict === 'REJECT') {
+      outcome = f.verdict === 'DROP' ? 'dropped' : 'rejected';
+      break;
+    }
+  }
+  let masqueraded = false;
+  if (outcome === 'delivered') {
+    const post = walk(nat, 'POSTROUTING', ep);
+    hops.push(...hopsIn('nat', post));
+    masqueraded = post.verdict === 'MASQUERADE';
+  }
+  const known = served?.endpoints.find((e: Endpoint) => e.address === to.address && e.port === to.port);
+  return {
+    address: to.address,
+    port: to.port,
+    probability: w.chance,
+    ...(known ? { local: known.local } : {}),
+    outcome,
+    via: chains[0]!,
+    masqueraded,
+    sourceSeen: masqueraded ? { kind: 'node', node: c.nodeName } : { kind: 'client', address: c.client },
+    hops,
+  };
 }
 
 /** The chain of the last filter rule met, and the pier chain the built-in chain jumped to when that is another. */

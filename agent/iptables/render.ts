@@ -10,7 +10,7 @@
 //                                                         spread with -m statistic
 //                --dport <port>          -> PIER-SVC-<h>  a port with many: a chain of its own
 //                with ClientIP affinity, per endpoint first a DNAT for the clients
-//                its xt_recent list PIER-AFF-<h> holds, then the spread remembers
+//                its xt_recent list <h>-PIER-AFF holds, then the spread remembers
 //          POSTROUTING -> PIER-POSTROUTING: masquerade connections with the masquerade bit
 //   filter FORWARD -> PIER-FORWARD: accept pier's DNATed connections. Those
 //            to a port any source may use carry a connection mark, set by
@@ -43,13 +43,14 @@
 // applier and the tests can compare a ruleset with the kernel's by string
 // equality, for the nft and the legacy backend alike.
 //
-// The pieces (planRules, planEntries, buildGroupTree, assembleRuleset) are
-// exported for the incremental pipeline (pipeline.ts), which keeps each port's
+// The pieces (servedRules, servedEntries, buildGroupTree, assembleRuleset) are
+// exported for the incremental renderer (renderer.ts), which keeps each port's
 // rule texts and each group's tree between syncs and rebuilds only the chains a
-// change reaches; renderRuleset is the same pieces run once, from scratch.
-import { createHash } from 'node:crypto';
-import type { Family } from '../lib/contract.ts';
-import { compareAddresses, compareText, type Endpoint, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
+// change reaches; the tests' oracle runs them once, from scratch.
+import type { Family } from '../../lib/contract.ts';
+import { compareAddresses, compareText, type Endpoint, type FamilyModel, type Protocol, type ServedPort } from '../engine/model.ts';
+import { PROTOCOL } from '../../lib/protocols.ts';
+import { chainName } from '../names.ts';
 
 export type TableName = 'nat' | 'filter';
 export const TABLES: readonly TableName[] = ['nat', 'filter'];
@@ -78,8 +79,7 @@ export interface Ruleset {
  * and 0x1000. Connection marks, not packet marks: set at a connection's
  * first packet, they cost no rule to clear (a packet mark would have to be
  * cleared before MASQUERADE, or a tunnel's outer packet would carry it), and
- * one CONNMARK sets both (bench:connect: 1.29x the single DNAT rule with a
- * packet mark for masquerade, 1.22x with this).
+ * one CONNMARK sets both.
  */
 export interface MarkBits {
   /** PIER-FORWARD accepts the connection at its first rule. */
@@ -124,13 +124,10 @@ interface ProtoText {
   dstHead: string;
 }
 
-const PROTO: Record<Protocol, ProtoText> = {
-  TCP: protoText('tcp', 6),
-  UDP: protoText('udp', 17),
-  SCTP: protoText('sctp', 132),
-};
+const PROTO: Record<Protocol, ProtoText> = { TCP: protoText('TCP'), UDP: protoText('UDP'), SCTP: protoText('SCTP') };
 
-function protoText(name: string, number: number): ProtoText {
+function protoText(protocol: Protocol): ProtoText {
+  const { word: name, number } = PROTOCOL[protocol];
   return { name, number, dstHead: `-p ${name} -m ${name} --dport ` };
 }
 
@@ -150,11 +147,8 @@ interface RuleSpec {
  * order. Comments: no rule on the path of a connection pier serves has
  * one: not the fixed rules, the dispatch rules, a port's marks or its DNAT
  * rules, whose addresses and ports say what they serve (`pier trace` names
- * the Service). One per DNAT rule would make the 10,000-port payload a fifth
- * larger, and so its restore; a connect did not measurably pay for the
- * comment, a compatibility match with iptables-nft (bench:connect's deepest
- * port: 1.25 and 1.24 times the single rule either way). The rules
- * that refuse or admit by source (REJECT, the source ranges' accept and
+ * the Service). One per DNAT rule would make the 10,000-port payload, and
+ * so its restore, a fifth larger. The rules that refuse or admit by source (REJECT, the source ranges' accept and
  * drop) name the Service, after every other match, so a packet meets only
  * the comment of the rule it takes.
  */
@@ -208,36 +202,6 @@ function statistic(n: number): string {
 
 export function hex(n: number): string {
   return `0x${(n >>> 0).toString(16)}`;
-}
-
-const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
-const chainNames = new Map<string, string>();
-
-/** `<prefix><16 base32 characters of sha256(seed)>`: 80 bits, stable and at most 28 characters for the prefixes used here. */
-export function chainName(prefix: string, seed: string): string {
-  const memo = `${prefix}\0${seed}`;
-  const known = chainNames.get(memo);
-  if (known !== undefined) return known;
-  const digest = createHash('sha256').update(seed).digest();
-  let bits = 0;
-  let acc = 0;
-  let out = '';
-  for (const byte of digest) {
-    acc = (acc << 8) | byte;
-    bits += 8;
-    while (bits >= 5 && out.length < 16) {
-      out += BASE32[(acc >>> (bits - 5)) & 31];
-      bits -= 5;
-    }
-    acc &= (1 << bits) - 1;
-    if (out.length === 16) break;
-  }
-  const name = prefix + out;
-  // The same few thousand chains come back on every render; a hash each time
-  // was a visible share of it.
-  if (chainNames.size >= 100_000) chainNames.clear();
-  chainNames.set(memo, name);
-  return name;
 }
 
 // ---------------------------------------------------------------------------
@@ -424,9 +388,14 @@ interface AffinityList {
   set: string;
 }
 
-/** The xt_recent list of the clients of one endpoint of a served port. */
+/**
+ * The xt_recent list of the clients of one endpoint of a served port. The
+ * hash comes first: for every packet the kernel finds a rule's list by
+ * comparing its name with each list of the namespace in turn, and names
+ * that differ at their first byte end each comparison there.
+ */
 export function affinityListName(served: ServedPort, e: Endpoint): string {
-  return chainName('PIER-AFF-', `aff|${served.key}|${e.address}|${e.port}`);
+  return `${chainName('', `aff|${served.key}|${e.address}|${e.port}`)}-PIER-AFF`;
 }
 
 function affinityList(served: ServedPort, e: Endpoint, text: FamilyText): AffinityList {
@@ -773,39 +742,4 @@ export function assembleRuleset(parts: RulesetParts): Ruleset {
 /** Which table a tree's chains live in. */
 export function treeTable(tree: TreeName): TableName {
   return TREE[tree].table;
-}
-
-export function renderRuleset(model: FamilyModel, config: RenderConfig): Ruleset {
-  const fixed = fixedRules(config.marks);
-  const family = model.family;
-  const groups = perTree(() => new Map<string, { address: string; protocol: Protocol; entries: PortEntry[] }>());
-  const chains: Record<TableName, [string, string[]][]> = { nat: [], filter: [] };
-  const servedPorts = [...model.ports].sort((a, b) => compareText(a.key, b.key));
-  for (const served of servedPorts) {
-    const r = servedRules(served, family, config.marks);
-    for (const c of r.own) chains[c.table].push([c.name, c.rules]);
-    for (const tree of TREES) {
-      const rules = r.trees[tree];
-      if (!rules) continue;
-      const entries = servedEntries(served, tree, rules);
-      for (let i = 0; i < entries.length; i++) {
-        const f = served.frontends[i]!;
-        const k = `${f.address}|${served.protocol}`;
-        let g = groups[tree].get(k);
-        if (!g) groups[tree].set(k, (g = { address: f.address, protocol: served.protocol, entries: [] }));
-        g.entries.push(entries[i]!);
-      }
-    }
-  }
-  const roots = perTree((tree) => [...fixed.heads[tree]]);
-  for (const tree of TREES) {
-    for (const g of [...groups[tree].values()].sort(compareGroups)) {
-      // Stable: two served ports on one port (only hand-made models have them) keep their key order.
-      g.entries.sort((a, b) => a.port - b.port);
-      const t = buildGroupTree(tree, family, config.marks, g.address, g.protocol, g.entries);
-      for (const r of t.root) roots[tree].push(r);
-      for (const [name, c] of t.chains) chains[TREE[tree].table].push([name, c.rules]);
-    }
-  }
-  return assembleRuleset({ family, fixed, services: roots.nat, forward: roots.forward, noEndpoints: roots.noEndpoints, sources: roots.sources, chains });
 }

@@ -6,19 +6,18 @@ import { parseCommand, type CommandSpec } from '../lib/command.ts';
 import type { OptionValue } from '../lib/config.ts';
 import { chooseSelection } from '../lib/cluster-settings.ts';
 import { DEFAULT_NAMESPACE, LEADER_LEASE_NAME, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
-import { nodeAddresses } from './agent.ts';
-import { markBitsOf } from './main.ts';
+import { markBitsOf } from './options.ts';
 import { readManifestFiles } from './manifests.ts';
-import { parseAddress } from './model.ts';
-import { allocateOffline, allocatorConfig, PLAN_SPEC } from './plan.ts';
-import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket } from './trace.ts';
+import { nodeAddresses, parseAddress } from '../agent/engine/model.ts';
+import { allocatorConfig } from './controller.ts';
+import { allocateOffline, OFFLINE_OPTIONS } from './offline.ts';
+import { parseFrontend, trace, traceWorld, TraceUsageError, verdictText, type TracePacket } from '../agent/iptables/trace.ts';
 
 /**
- * plan's own flags, so that trace sees exactly what plan renders; not
- * --backend: trace walks the iptables rules, and a flag it took and did not
- * follow would name nftables hops that are iptables chains.
+ * plan's own flags (OFFLINE_OPTIONS), so that trace sees exactly what plan
+ * renders; not --backend: trace walks the iptables rules, and a flag it took
+ * and did not follow would name nftables hops that are iptables chains.
  */
-const PLAN_OPTIONS = PLAN_SPEC.options.filter((o) => !['node', 'family', 'format', 'filename', 'backend'].includes(o.name));
 
 export const TRACE_SPEC: CommandSpec = {
   name: 'trace',
@@ -38,7 +37,7 @@ export const TRACE_SPEC: CommandSpec = {
     { name: 'pier-namespace', type: 'string', default: DEFAULT_NAMESPACE, env: 'PIER_NAMESPACE', help: "without -f: pier's namespace, whose controller Lease says whether pier is the default (--default-class given overrides it)" },
     { name: 'from-node', type: 'boolean', default: false, env: null, help: 'the client is a process on the node (assumed when CLIENT is one of its addresses)' },
     { name: 'output', type: 'enum', values: ['text', 'json'], default: 'text', env: null, help: 'text for people, json for scripts (-o works too)' },
-    ...PLAN_OPTIONS,
+    ...OFFLINE_OPTIONS,
   ],
 };
 

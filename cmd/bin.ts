@@ -5,12 +5,12 @@
 // Node (undici: "Cannot read properties of undefined (reading 'bind')",
 // execa: "TEXT_ENCODINGS.union is not a function"). So this file imports
 // only the check, and loads the CLI once the version is known to be enough.
-import { nodeAtLeast, tooOldMessage } from './node-version.ts';
+import { nodeAtLeast, tooOldMessage } from '../lib/node-version.ts';
 
 if (!nodeAtLeast(process.versions.node)) {
   process.stderr.write(tooOldMessage(process.version, process.execPath));
   process.exitCode = 1;
 } else {
-  // lib/cli.ts runs the command line when it loads.
+  // cmd/cli.ts runs the command line when it loads.
   await import('./cli.ts');
 }

@@ -1,5 +1,5 @@
-// The agent's sync, incremental: buildModel and renderRuleset give the same
-// result from scratch, but at 10,000 Service ports a sync from scratch costs
+// The agent's sync, incremental: the tests' oracles (test/support/oracle.ts)
+// give the same result from scratch, but at 10,000 Service ports a sync from scratch costs
 // far more than the one Service that changed.
 //
 // What makes it safe: the informers' caches replace an object when it changes
@@ -16,23 +16,22 @@
 //
 // A cold sync (a new pipeline) does the same work as the pure functions plus
 // the bookkeeping. What is kept between syncs costs ~1.8 KB per service port
-// (measured with two endpoints each) besides the rule texts the applied
-// ruleset holds anyway (~0.55 KB).
+// with two endpoints, besides the rule texts the applied ruleset holds
+// anyway (~0.55 KB).
 //
-// This is the only engine outside the tests: buildModel and renderRuleset are
-// the property tests' oracle. What the bookkeeping does not expect (two
+// This is the only engine outside the tests; the from-scratch model and
+// ruleset are the property tests' oracle. What the bookkeeping does not expect (two
 // Services with one name, two served ports with one key: informers hold each
 // object once, names hold no '/', and pier plan's reader, manifests.ts, keeps
 // it so) throws Unexpected; the caches start over and the sync is redone from
 // an empty state, a cold sync. Should that fail too, the error goes to the
 // caller, which keeps the rules in place.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import type { Family } from '../lib/contract.ts';
+import type { Family } from '../../lib/contract.ts';
 import {
   compareServedPorts,
   conflictProblems,
   portChanges,
-  recordPortChanges,
   type PortChanges,
   dedupeProblems,
   pierService,
@@ -54,34 +53,13 @@ import {
   type ServedPort,
   type ServiceResult,
 } from './model.ts';
-import {
-  assembleRuleset,
-  buildGroupTree,
-  compareGroups,
-  fixedRules,
-  servedEntries,
-  perTree,
-  servedRules,
-  sameStrings,
-  treeTable,
-  TREES,
-  type GroupTree,
-  type MarkBits,
-  type ServedRules,
-  type PortEntry,
-  type RenderConfig,
-  type Ruleset,
-  type TableName,
-  type TreeName,
-} from './render.ts';
 
-export interface PipelineConfig {
+export interface EngineConfig {
   nodeName: string;
   model: ModelConfig;
-  render: RenderConfig;
 }
 
-export interface PipelineInput {
+export interface EngineInput {
   /** This node's addresses, both families. */
   nodeAddresses: readonly string[];
   /** As the informer lists them; unchanged objects must be the same objects. */
@@ -89,24 +67,36 @@ export interface PipelineInput {
   slices: readonly V1EndpointSlice[];
 }
 
-/** Thrown inside, caught at the top: the input is outside what the incremental path handles. */
-class Unexpected extends Error {}
+/**
+ * Per family, how its served ports changed to make this model from the
+ * previous one (`since`); a family absent kept the previous family model
+ * itself. 'all' after a rebuild from an empty state, which keeps no record:
+ * a renderer then compares the lists (diffServedPorts).
+ */
+export type ModelChanges = Partial<Record<Family, PortChanges>> | 'all';
 
-/** Holds the caches of one agent's syncs. */
-export class SyncPipeline {
-  private readonly config: PipelineConfig;
+/** One update of the engine: the model, and what changed since the last. */
+export interface EngineResult {
+  model: Model;
+  changes: ModelChanges;
+}
+
+/** Thrown inside, caught at the top: the input is outside what the incremental path handles. */
+export class Unexpected extends Error {}
+
+/** Holds the model of one agent's syncs between them. */
+export class Engine {
+  private readonly config: EngineConfig;
   private readonly incrementalModel = new IncrementalModel();
-  private readonly renderers: Record<Family, IncrementalRenderer>;
   /** Syncs redone from an empty state because the bookkeeping lost track: 0 unless pier has a bug. */
   restarts = 0;
 
-  constructor(config: PipelineConfig) {
+  constructor(config: EngineConfig) {
     this.config = config;
-    this.renderers = { ipv4: new IncrementalRenderer('ipv4', config.render), ipv6: new IncrementalRenderer('ipv6', config.render) };
   }
 
-  /** buildModel's result for this input; the previous Model itself when nothing changed. */
-  model(input: PipelineInput): Model {
+  /** The model for this input (the previous Model itself when nothing changed), and what changed to make it. */
+  update(input: EngineInput): EngineResult {
     const ctxInput = { nodeName: this.config.nodeName, nodeAddresses: [...input.nodeAddresses], config: this.config.model };
     try {
       return this.incrementalModel.update(ctxInput, input);
@@ -119,46 +109,29 @@ export class SyncPipeline {
     }
   }
 
+  /** update()'s model alone. */
+  model(input: EngineInput): Model {
+    return this.update(input).model;
+  }
+
   /**
    * Before the first sync, while the informers list: one listed Service's
-   * share of the model and its ports' rules, computed ahead so that the first
-   * sync, handed the same objects, finds them done. A guess that turns out
-   * wrong (the Node's addresses change, another slice arrives, the object is
-   * replaced) costs only the work: the sync checks every object by identity,
-   * as it does between syncs. After the first sync it does nothing. Returns
-   * the Service's served ports, for the nftables renderers to prepare.
+   * share of the model, computed ahead so that the first sync, handed the
+   * same objects, finds it done. A guess that turns out wrong (the Node's
+   * addresses change, another slice arrives, the object is replaced) costs
+   * only the work: the sync checks every object by identity, as it does
+   * between syncs. After the first sync it does nothing. Returns the
+   * Service's served ports, for the backends to render ahead.
    */
-  warm(nodeAddresses: readonly string[], svc: V1Service, slices: readonly V1EndpointSlice[], families: readonly Family[]): readonly ServedPort[] {
+  warm(nodeAddresses: readonly string[], svc: V1Service, slices: readonly V1EndpointSlice[]): readonly ServedPort[] {
     const ctxInput = { nodeName: this.config.nodeName, nodeAddresses: [...nodeAddresses], config: this.config.model };
     try {
-      const result = this.incrementalModel.warm(ctxInput, svc, slices);
-      if (!result) return [];
-      // Only the families the first sync renders: what is prepared is kept until then.
-      for (let i = 0; i < result.servedPorts.length; i++) {
-        const served = result.servedPorts[i]!;
-        const family = servedFamily(served);
-        if (served.frontends.length > 0 && families.includes(family)) this.renderers[family].prepare(served);
-      }
-      return result.servedPorts;
+      return this.incrementalModel.warm(ctxInput, svc, slices)?.servedPorts ?? [];
     } catch (err) {
       // Nothing is lost: the first sync computes what is missing.
       this.incrementalModel.reset();
-      for (const family of FAMILY_LIST) this.renderers[family].reset();
       if (!(err instanceof Unexpected)) throw err;
       return [];
-    }
-  }
-
-  /** renderRuleset's result for one family's model; the previous Ruleset itself when the family model is the previous one. */
-  ruleset(model: FamilyModel): Ruleset {
-    const r = this.renderers[model.family];
-    try {
-      return r.update(model);
-    } catch (err) {
-      r.reset();
-      if (!(err instanceof Unexpected)) throw err;
-      this.restarts++;
-      return again(() => r.update(model), () => r.reset());
     }
   }
 }
@@ -168,7 +141,7 @@ export class SyncPipeline {
  * state, which is a cold sync. An Unexpected there comes from the input, not
  * from what was kept, so it goes up, with the caches reset again.
  */
-function again<T>(run: () => T, reset: () => void): T {
+export function again<T>(run: () => T, reset: () => void): T {
   try {
     return run();
   } catch (err) {
@@ -203,6 +176,8 @@ interface Live {
 type SliceSet = V1EndpointSlice | V1EndpointSlice[] | undefined;
 
 const FAMILY_LIST: readonly Family[] = ['ipv4', 'ipv6'];
+/** A sync that changed nothing. */
+const NO_CHANGES: ModelChanges = Object.freeze({});
 const NO_SLICES: readonly V1EndpointSlice[] = Object.freeze([]);
 
 type ContextInput = { nodeName: string; nodeAddresses: string[]; config: ModelConfig };
@@ -278,14 +253,13 @@ class IncrementalModel {
     return live.result;
   }
 
-  update(ctxInput: ContextInput, input: PipelineInput): Model {
-    this.context(ctxInput);
-
-    // Slices go straight to their Service's Live: in a steady state that is a
-    // lookup by identity, no map built per sync.
-    const stamp = ++this.stamp;
+  /**
+   * Hands each slice to its Service's Live (its `next`, stamped `stamp`): in
+   * a steady state a lookup by identity, no map built per sync. Returns the
+   * slices of Services not live yet, by Service id.
+   */
+  private assignSlices(slices: EngineInput['slices'], stamp: number): Map<string, SliceSet> {
     const orphans = new Map<string, SliceSet>();
-    const slices = input.slices;
     for (let i = 0; i < slices.length; i++) {
       const slice = slices[i]!;
       if (!slice || typeof slice !== 'object') continue;
@@ -309,6 +283,13 @@ class IncrementalModel {
       owner.next = owner.nextStamp === stamp ? withSlice(owner.next, slice) : slice;
       owner.nextStamp = stamp;
     }
+    return orphans;
+  }
+
+  update(ctxInput: ContextInput, input: EngineInput): EngineResult {
+    this.context(ctxInput);
+    const stamp = ++this.stamp;
+    const orphans = this.assignSlices(input.slices, stamp);
 
     const changed: Live[] = [];
     const dropped: ServiceResult[] = [];
@@ -363,14 +344,16 @@ class IncrementalModel {
         this.live.delete(id);
       }
     }
-    if (this.last && changed.length === 0 && dropped.length === 0) return this.last;
+    if (this.last && changed.length === 0 && dropped.length === 0) return { model: this.last, changes: NO_CHANGES };
     // Past a point, settling each change on its own costs more than settling everything.
     const bulk = !this.last || changed.length + dropped.length > this.live.size / 4;
-    return (this.last = bulk ? this.rebuild() : this.apply(changed, dropped, droppedFinals));
+    const result = bulk ? this.rebuild() : this.apply(changed, dropped, droppedFinals);
+    this.last = result.model;
+    return result;
   }
 
-  /** Everything across Services, from the live results: buildModel's second step. */
-  private rebuild(): Model {
+  /** Everything across Services, from the live results: the conflicting claims on each frontend. */
+  private rebuild(): EngineResult {
     // forEach and indexed loops rather than for...of: no iterator step
     // objects on a cold sync (see model.ts).
     const claims = new Map<number, Claim[]>();
@@ -413,7 +396,7 @@ class IncrementalModel {
   }
 
   /** Only what the changed Services reach: their claims' frontends, and the served ports whose frontends moved. */
-  private apply(changed: Live[], dropped: ServiceResult[], droppedFinals: ServedPort[]): Model {
+  private apply(changed: Live[], dropped: ServiceResult[], droppedFinals: ServedPort[]): EngineResult {
     /** Frontend keys whose claims changed, with the claim that served them before. */
     const dirty = new Map<number, Claim | undefined>();
     let problemsChanged = false;
@@ -520,8 +503,8 @@ class IncrementalModel {
     return finals ?? r.servedPorts;
   }
 
-  /** `changes`: how each family's served ports changed (the others keep the last model's), or 'all' after a rebuild, which keeps no record. */
-  private model(changes: Partial<Record<Family, PortChanges>> | 'all', problemsChanged: boolean): Model {
+  /** `changes`: how each family's served ports changed (the others keep the last model's), or 'all' after a rebuild. */
+  private model(changes: ModelChanges, problemsChanged: boolean): EngineResult {
     const last = this.last;
     let problems = last?.problems ?? [];
     if (problemsChanged || !last) {
@@ -530,13 +513,8 @@ class IncrementalModel {
       for (const list of this.conflicts.values()) for (const p of list) all.push(p);
       problems = dedupeProblems(all);
     }
-    const family = (f: Family): FamilyModel => {
-      if (changes === 'all') return { family: f, ports: this.sorted[f] };
-      const c = changes[f];
-      if (!c) return last![f];
-      return recordPortChanges({ family: f, ports: this.sorted[f] }, c);
-    };
-    return { ipv4: family('ipv4'), ipv6: family('ipv6'), problems };
+    const family = (f: Family): FamilyModel => (changes === 'all' || changes[f] ? { family: f, ports: this.sorted[f] } : last![f]);
+    return { model: { ipv4: family('ipv4'), ipv6: family('ipv6'), problems }, changes };
   }
 }
 
@@ -572,9 +550,8 @@ function sameFrontends(a: readonly Frontend[], b: readonly Frontend[]): boolean 
 /** `list` without `drop`, with `changes.added`: a new array, sorted by key. Records in `changes` what it took out, and sorts what it put in. */
 function mergeServed(list: readonly ServedPort[], drop: ReadonlySet<ServedPort>, changes: PortChanges): ServedPort[] {
   const add = changes.added.sort(compareServedPorts);
-  // Written over a copy, then cut: pushing onto an empty array grew it to
-  // three times its size in steps (217 KB a change at 10,000 ports, against
-  // 80; bench:agent, "nftables ... one Service changed").
+  // Written over a copy, then cut: an array grown by pushes ends up to
+  // three times the size it needs (at 10,000 ports, 217 KB a change instead of 80).
   const out = list.slice();
   let k = 0;
   let i = 0;
@@ -602,206 +579,7 @@ function mergeServed(list: readonly ServedPort[], drop: ReadonlySet<ServedPort>,
   return out;
 }
 
-
-// ---------------------------------------------------------------------------
-// The rules
-
-interface Group {
-  address: string;
-  protocol: Protocol;
-  /** Sorted by port, one per port. Replaced, never changed in place. */
-  entries: PortEntry[];
-  tree: GroupTree | undefined;
-}
-
-/** What a renderer takes of a served port: its own chains, and its entries in each tree it appears in. */
-interface RenderedPort {
-  own: ServedRules['own'];
-  entries: Partial<Record<TreeName, readonly PortEntry[]>>;
-}
-
-function renderPort(served: ServedPort, family: Family, marks: MarkBits): RenderedPort {
-  const r = servedRules(served, family, marks);
-  const entries: RenderedPort['entries'] = {};
-  for (let t = 0; t < TREES.length; t++) {
-    const tree = TREES[t]!;
-    const rules = r.trees[tree];
-    if (rules) entries[tree] = servedEntries(served, tree, rules);
-  }
-  return { own: r.own, entries };
-}
-
-interface GroupEdit {
-  /** Ports whose entry goes. */
-  drop: Set<number>;
-  add: PortEntry[];
-}
-
-class IncrementalRenderer {
-  private readonly family: Family;
-  private readonly config: RenderConfig;
-  private model: FamilyModel | undefined;
-  private ruleset: Ruleset | undefined;
-  private groups = perTree(() => new Map<string, Group>());
-  /** Each tree's root chain as last assembled. */
-  private roots = perTree((): string[] => []);
-  private own: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
-  /** Served ports rendered ahead of the first update (SyncPipeline.warm); none after it. */
-  private prepared: WeakMap<ServedPort, RenderedPort> | undefined = new WeakMap();
-
-  constructor(family: Family, config: RenderConfig) {
-    this.family = family;
-    this.config = config;
-  }
-
-  reset(): void {
-    this.model = undefined;
-    this.ruleset = undefined;
-    this.groups = perTree(() => new Map<string, Group>());
-    this.roots = perTree((): string[] => []);
-    this.own = { nat: new Map(), filter: new Map() };
-    this.prepared = undefined;
-  }
-
-  /** A served port the first update will add, rendered ahead. */
-  prepare(served: ServedPort): void {
-    this.prepared?.set(served, renderPort(served, this.family, this.config.marks));
-  }
-
-  update(model: FamilyModel): Ruleset {
-    if (model.family !== this.family) throw new Error(`a ${model.family} model for the ${this.family} renderer`);
-    if (model === this.model && this.ruleset) return this.ruleset;
-    const { marks } = this.config;
-    const fixed = fixedRules(marks);
-    const before = this.model?.ports ?? [];
-    const after = model.ports;
-    // Both sorted by key (buildModel's order); anything else is not a model
-    // this bookkeeping can follow.
-    const diff = portChanges(before, model);
-    if (!diff) throw new Unexpected('served ports not sorted by key');
-    const { removed, added } = diff;
-
-    const edits = perTree(() => new Map<Group, GroupEdit>());
-    this.lastEdit = {};
-    const retired: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
-    for (const served of removed) {
-      // Rendered again to learn where it was: cheaper than keeping every
-      // served port's rules for the few that go.
-      const r = servedRules(served, this.family, marks);
-      for (const c of r.own) {
-        retired[c.table].set(c.name, this.own[c.table].get(c.name)!);
-        this.own[c.table].delete(c.name);
-      }
-      for (const tree of TREES) {
-        if (!r.trees[tree]) continue;
-        for (const f of served.frontends) this.edit(edits[tree], tree, f.address, served.protocol).drop.add(f.port);
-      }
-    }
-    // Indexed loops: on a cold sync this runs for every served port (see model.ts).
-    const prepared = this.prepared;
-    this.prepared = undefined;
-    for (let p = 0; p < added.length; p++) {
-      const served = added[p]!;
-      const r = prepared?.get(served) ?? renderPort(served, this.family, marks);
-      for (let k = 0; k < r.own.length; k++) {
-        const c = r.own[k]!;
-        if (this.own[c.table].has(c.name)) throw new Unexpected(`chain ${c.name} twice`);
-        // The same rules under the same name (the served port changed elsewhere)
-        // keep the array the applier last wrote.
-        const old = retired[c.table].get(c.name);
-        this.own[c.table].set(c.name, old && sameStrings(old, c.rules) ? old : c.rules);
-      }
-      for (let t = 0; t < TREES.length; t++) {
-        const tree = TREES[t]!;
-        const entries = r.entries[tree];
-        if (!entries) continue;
-        for (let k = 0; k < entries.length; k++) this.edit(edits[tree], tree, served.frontends[k]!.address, served.protocol).add.push(entries[k]!);
-      }
-    }
-
-    const first = this.model === undefined;
-    for (const tree of TREES) {
-      if (edits[tree].size === 0 && !first) continue;
-      const groups = this.groups[tree];
-      for (const [g, edit] of edits[tree]) {
-        const { entries, changedPorts } = mergeEntries(g.entries, edit, g.tree !== undefined);
-        g.entries = entries;
-        if (entries.length === 0) {
-          groups.delete(`${g.address}|${g.protocol}`);
-          continue;
-        }
-        g.tree = buildGroupTree(tree, this.family, marks, g.address, g.protocol, entries, g.tree && { tree: g.tree, changedPorts });
-      }
-      const root: string[] = [...fixed.heads[tree]];
-      for (const g of [...groups.values()].sort(compareGroups)) for (const rule of g.tree!.root) root.push(rule);
-      if (first || !sameStrings(this.roots[tree], root)) this.roots[tree] = root;
-    }
-
-    const chains: Record<TableName, [string, string[]][]> = { nat: [...this.own.nat], filter: [...this.own.filter] };
-    for (const tree of TREES) {
-      const list = chains[treeTable(tree)];
-      for (const g of this.groups[tree].values()) for (const [name, c] of g.tree!.chains) list.push([name, c.rules]);
-    }
-    this.model = model;
-    return (this.ruleset = assembleRuleset({
-      family: this.family,
-      fixed,
-      services: this.roots.nat,
-      forward: this.roots.forward,
-      noEndpoints: this.roots.noEndpoints,
-      sources: this.roots.sources,
-      chains,
-    }));
-  }
-
-  /** Per tree, the group edit of the previous edit() call in this update: consecutive served ports mostly share a group. */
-  private lastEdit: Partial<Record<TreeName, { address: string; protocol: Protocol; edit: GroupEdit }>> = {};
-
-  /** The pending edit of the group of (address, protocol) in a tree. */
-  private edit(edits: Map<Group, GroupEdit>, tree: TreeName, address: string, protocol: Protocol): GroupEdit {
-    const last = this.lastEdit[tree];
-    if (last && last.address === address && last.protocol === protocol) return last.edit;
-    const key = `${address}|${protocol}`;
-    let g = this.groups[tree].get(key);
-    if (!g) this.groups[tree].set(key, (g = { address, protocol, entries: [], tree: undefined }));
-    let edit = edits.get(g);
-    if (!edit) edits.set(g, (edit = { drop: new Set(), add: [] }));
-    this.lastEdit[tree] = { address, protocol, edit };
-    return edit;
-  }
-}
-
-/**
- * A group's entries without the dropped ports, with the added entries: a new
- * array, sorted by port, and (when `track`, for a tree to reuse) the ports
- * that changed.
- */
-function mergeEntries(list: readonly PortEntry[], edit: GroupEdit, track: boolean): { entries: PortEntry[]; changedPorts: number[] } {
-  const add = edit.add.sort((a, b) => a.port - b.port);
-  const entries: PortEntry[] = [];
-  const changed: number[] = track ? [...edit.drop] : [];
-  let dropped = 0;
-  let i = 0;
-  let j = 0;
-  while (i < list.length || j < add.length) {
-    const a = list[i];
-    if (a && edit.drop.has(a.port)) {
-      dropped++;
-      i++;
-      continue;
-    }
-    const b = add[j];
-    // The model gives each frontend to one served port.
-    if (b && ((a && a.port === b.port) || (j > 0 && add[j - 1]!.port === b.port))) throw new Unexpected(`two served ports on port ${b.port}`);
-    if (a && (!b || a.port < b.port)) {
-      entries.push(a);
-      i++;
-    } else {
-      entries.push(b!);
-      if (track) changed.push(b!.port);
-      j++;
-    }
-  }
-  if (dropped !== edit.drop.size) throw new Unexpected('a dropped port was not there');
-  return { entries, changedPorts: track ? [...new Set(changed)].sort((x, y) => x - y) : changed };
+/** One family's record in `changes`, if the engine kept one. */
+export function familyChanges(changes: ModelChanges, family: Family): PortChanges | undefined {
+  return changes === 'all' ? undefined : changes[family];
 }

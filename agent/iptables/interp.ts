@@ -5,13 +5,14 @@
 //
 // It knows exactly the matches and targets render.ts writes (and the jumps
 // in the built-in chains); any other option is an error, not a guess.
-import { parseCidr } from './model.ts';
+import type { ProtocolWord } from '../../lib/protocols.ts';
+import { parseCidr } from '../engine/model.ts';
 import { splitRule } from './restore.ts';
 
 export interface Packet {
   src: string;
   dst: string;
-  proto: 'tcp' | 'udp' | 'sctp';
+  proto: ProtocolWord;
   dport: number;
   /** The packet mark before the walk (0 when absent). */
   mark?: number;
@@ -49,8 +50,6 @@ export interface WalkResult {
   chance: number;
   hops: Hop[];
 }
-
-export const PROTO_NUMBERS: Record<string, number> = { tcp: 6, udp: 17, sctp: 132 };
 
 const parsed = new Map<string, ReturnType<typeof parseCidr>>();
 function cidrOf(text: string) {

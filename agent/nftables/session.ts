@@ -11,7 +11,12 @@
 // Parsing fails before nft looks at its cache or the kernel, so the marker
 // costs nothing.
 import type { Subprocess } from 'execa';
-import { IptablesError, type Runner } from './iptables.ts';
+import { CommandError, type Runner } from '../../lib/run.ts';
+
+/** An nft command or transaction failed. */
+export class NftError extends CommandError {
+  override name = 'NftError';
+}
 
 /** How long one transaction may take before the process is deemed stuck and replaced. */
 const TIMEOUT_MS = 30_000;
@@ -79,7 +84,7 @@ export class NftSession {
       .filter((l) => l.trim() !== '')
       .join('; ');
     return new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => this.fail(new IptablesError(`nft -i did not answer within ${TIMEOUT_MS / 1000} s`, this.stderr, undefined)), TIMEOUT_MS);
+      const timer = setTimeout(() => this.fail(new NftError(`nft -i did not answer within ${TIMEOUT_MS / 1000} s`, this.stderr, undefined)), TIMEOUT_MS);
       this.pending = { marker, resolve, reject, timer };
       proc.stdin!.write(`${line}\n${marker}\n`);
     });
@@ -101,7 +106,7 @@ export class NftSession {
       if (this.proc !== proc) return;
       this.proc = undefined;
       const how = r.failed && r.exitCode === undefined ? `could not start: ${r.shortMessage}` : `exited (${r.signal ?? `code ${r.exitCode}`})`;
-      this.fail(new IptablesError(`nft -i ${how}: ${firstLines(this.stderr)}`, this.stderr, r.exitCode));
+      this.fail(new NftError(`nft -i ${how}: ${firstLines(this.stderr)}`, this.stderr, r.exitCode));
     });
     return proc;
   }
@@ -120,7 +125,7 @@ export class NftSession {
     this.pending = undefined;
     clearTimeout(p.timer);
     if (own === '') p.resolve();
-    else p.reject(new IptablesError(`nft refused the transaction: ${firstLines(own)}`, own, 1));
+    else p.reject(new NftError(`nft refused the transaction: ${firstLines(own)}`, own, 1));
   }
 
   private fail(err: Error): void {

@@ -1,23 +1,17 @@
 // The only module that runs nft: applies nft.ts's tables and transactions
 // through execa (the Runner) with the script on stdin, never a shell; small
 // transactions through a resident nft (NftSession).
-import type { Family } from '../lib/contract.ts';
-import { silentLogger, type Logger } from '../lib/log.ts';
-import { IptablesError, type Runner, type RunResult } from './iptables.ts';
-import type { AgentMetrics } from './metrics.ts';
-import { carriedClients, createScript, elementScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './nft.ts';
-import { firstLines, NftSession, SESSION_MAX_BYTES } from './nft-session.ts';
-import type { ApplyMode } from './applier.ts';
+import type { Family } from '../../lib/contract.ts';
+import { silentLogger, type Logger } from '../../lib/log.ts';
+import { type Runner, type RunResult } from '../../lib/run.ts';
+import type { AgentMetrics } from '../metrics.ts';
+import { SET } from './names.ts';
+import { carriedClients, createScript, elementScripts, NFT_FAMILY, NFT_TABLE, nftDrift, nftScript, parseNftJson, type NftRuleset, type NftUpdate } from './render.ts';
+import { firstLines, NftError, NftSession, SESSION_MAX_BYTES } from './session.ts';
+import type { ApplyResult } from '../backend.ts';
 
-export interface NftApplyResult {
-  family: Family;
-  mode: ApplyMode;
-  /** Bytes handed to nft (0 for noop). */
-  payloadBytes: number;
-  reason?: string;
-  /** What a verifying resync found changed from outside; absent when nothing was. */
-  drift?: string[];
-}
+/** One nft apply: the backends' common shape (drift: the differences found). */
+export type NftApplyResult = ApplyResult;
 
 /** The transactions a table written where none is takes, side by side (elementScripts): one per core of the 2-core benchmark machine. */
 const FRESH_PARTS = 2;
@@ -134,7 +128,7 @@ export class NftApplier {
     });
     // What it serves, to tell an empty or partial first table from a full one in the log.
     const count = (set: string) => u.state.sets.get(set)?.size ?? 0;
-    this.log.info({ reason, bytes, frontends: count('services'), noEndpoints: count('no-endpoints') }, "pier's nftables table written whole");
+    this.log.info({ reason, bytes, frontends: count(SET.services), noEndpoints: count(SET.noEndpoints) }, "pier's nftables table written whole");
     return { family: this.family, mode: 'full', payloadBytes: bytes, reason };
   }
 
@@ -198,14 +192,14 @@ export class NftApplier {
     const r = await this.run('nft', ['-j', 'list', 'table', NFT_FAMILY[this.family], NFT_TABLE]);
     if (r.exitCode !== 0) {
       if (/No such file or directory/.test(r.stderr)) return ['table: missing'];
-      throw new IptablesError(`nft list table failed (exit ${r.exitCode}): ${r.stderr.trim()}`, r.stderr, r.exitCode);
+      throw new NftError(`nft list table failed (exit ${r.exitCode}): ${r.stderr.trim()}`, r.stderr, r.exitCode);
     }
     return nftDrift(state, parseNftJson(r.stdout));
   }
 
   private async nft(script: string | Promise<string>): Promise<void> {
     const r = await this.run('nft', ['-f', '-'], script);
-    if (r.exitCode !== 0) throw new IptablesError(`nft -f failed (exit ${r.exitCode}): ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
+    if (r.exitCode !== 0) throw new NftError(`nft -f failed (exit ${r.exitCode}): ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
   }
 }
 
@@ -247,7 +241,7 @@ export async function removeNftTables(run: Runner): Promise<number> {
   for (const family of ['ip', 'ip6']) {
     const r = await run('nft', ['delete', 'table', family, NFT_TABLE]);
     if (r.exitCode === 0) removed++;
-    else if (!/No such file or directory/.test(r.stderr)) throw new IptablesError(`nft delete table ${family} ${NFT_TABLE} failed: ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
+    else if (!/No such file or directory/.test(r.stderr)) throw new NftError(`nft delete table ${family} ${NFT_TABLE} failed: ${firstLines(r.stderr)}`, r.stderr, r.exitCode);
   }
   return removed;
 }

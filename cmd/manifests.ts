@@ -13,8 +13,9 @@ import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { extname, join } from 'node:path';
 import type { V1EndpointSlice, V1Node, V1Service } from '@kubernetes/client-node';
 import { parseAllDocuments } from 'yaml';
+import { ExplainedError } from '../lib/errors.ts';
 
-export class ManifestError extends Error {
+export class ManifestError extends ExplainedError {
   override name = 'ManifestError';
 }
 

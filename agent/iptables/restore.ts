@@ -5,7 +5,7 @@
 // Payloads are for `iptables-restore --noflush`: declaring `:CHAIN - [0:0]`
 // creates the chain or flushes it, so a chain is rewritten in place inside
 // one atomic transaction and nothing outside pier's chains is touched.
-import type { Family } from '../lib/contract.ts';
+import type { Family } from '../../lib/contract.ts';
 import { CHAIN_PREFIX, TABLES, type Jump, type Ruleset, type TableName } from './render.ts';
 
 export type SavedTables = Map<string, Map<string, string[]>>;

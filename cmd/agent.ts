@@ -1,41 +1,11 @@
 // `pier agent`: flags and environment to an Agent, signals to a clean stop.
 import { API_SERVER_OPTION, apiServers, KUBECONFIG_OPTION, LOG_LEVEL_OPTION, parseCommand, type CommandSpec } from '../lib/command.ts';
-import { describeSource, type OptionValue } from '../lib/config.ts';
+import { describeSource } from '../lib/config.ts';
 import { DEFAULT_NAMESPACE } from '../lib/contract.ts';
 import { connectCluster } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
-import { Agent, type AgentConfig } from './agent.ts';
-import type { MarkBits } from './render.ts';
-
-export const BACKEND_OPTION = {
-  name: 'iptables-backend',
-  type: 'enum',
-  values: ['auto', 'nft', 'legacy'],
-  default: 'auto',
-  help: 'iptables flavour for the iptables backend; auto detects the one the host uses (kubelet hint chains, then rule counts)',
-} as const;
-
-/** The connection-mark bits of pier's rules (MarkBits); plan and trace take them too, to render what the agent would. */
-export const MARK_OPTIONS = [
-  { name: 'accept-bit', type: 'int', default: 13, min: 0, max: 31, help: "connection-mark bit of the connections pier's FORWARD rules accept (13 is 0x2000; iptables backend)" },
-  { name: 'masquerade-bit', type: 'int', default: 12, min: 0, max: 31, help: 'connection-mark bit of the connections pier masquerades (12 is 0x1000); kube-proxy uses packet-mark bits 14 and 15 and no connection mark' },
-] as const;
-
-/** MARK_OPTIONS' values as masks, or what is wrong with them. */
-export function markBitsOf(v: Record<string, OptionValue>): MarkBits | string {
-  const [accept, masquerade] = [v['accept-bit'] as number, v['masquerade-bit'] as number];
-  if (accept === masquerade) return `--accept-bit and --masquerade-bit are both ${accept}: give them different bits`;
-  return { accept: 2 ** accept, masquerade: 2 ** masquerade };
-}
-
-export const RULE_BACKEND_OPTION = {
-  name: 'backend',
-  type: 'enum',
-  values: ['iptables', 'nftables', 'auto'],
-  default: 'iptables',
-  env: 'PIER_BACKEND',
-  help: "which rules to write: iptables chains, or pier's own nftables tables (ip pier, ip6 pier); auto takes nftables only where iptables does not work",
-} as const;
+import { Agent, type AgentConfig } from '../agent/agent.ts';
+import { BACKEND_OPTION, IPTABLES_FLAVOUR_OPTION, MARK_OPTIONS, markBitsOf } from './options.ts';
 
 export const AGENT_SPEC: CommandSpec = {
   name: 'agent',
@@ -49,8 +19,8 @@ export const AGENT_SPEC: CommandSpec = {
     { name: 'default-class', type: 'boolean', default: false, help: 'also serve LoadBalancer Services without a loadBalancerClass (pier is the cluster default)' },
     { name: 'dry-run', type: 'boolean', default: false, help: 'print the iptables-restore (or nft) input of each sync instead of applying it; never touches the kernel' },
     { name: 'set-sysctls', type: 'boolean', default: false, help: 'turn on net.ipv4.ip_forward and net.ipv6.conf.all.forwarding when off (needs a writable /proc/sys)' },
-    RULE_BACKEND_OPTION,
     BACKEND_OPTION,
+    IPTABLES_FLAVOUR_OPTION,
     ...MARK_OPTIONS,
     { name: 'max-ports-per-service', type: 'int', default: 256, min: 1, max: 65535, help: 'Services with more ports are skipped with a Warning Event' },
     { name: 'min-sync-interval', type: 'duration', default: 250, min: 0, help: 'shortest time between two syncs; changes in between are coalesced' },
@@ -92,7 +62,7 @@ export async function runAgent(argv: string[]): Promise<number> {
     setSysctls: v['set-sysctls'] as boolean,
     backend: v['backend'] as AgentConfig['backend'],
     iptablesBackend: v['iptables-backend'] as AgentConfig['iptablesBackend'],
-    setBy: { backend: describeSource(RULE_BACKEND_OPTION, parsed.sources['backend']!), iptablesBackend: describeSource(BACKEND_OPTION, parsed.sources['iptables-backend']!) },
+    setBy: { backend: describeSource(BACKEND_OPTION, parsed.sources['backend']!), iptablesBackend: describeSource(IPTABLES_FLAVOUR_OPTION, parsed.sources['iptables-backend']!) },
     marks,
     maxPortsPerService: v['max-ports-per-service'] as number,
     minSyncIntervalMs: v['min-sync-interval'] as number,

@@ -9,8 +9,8 @@ import { DEFAULT_NAMESPACE, DEFAULT_POOL, LOAD_BALANCER_CLASS } from '../lib/con
 import { connectCluster } from '../lib/kube.ts';
 import { checkLeaderTimings, DEFAULT_LEADER_TIMINGS } from '../lib/leader.ts';
 import { createLogger } from '../lib/log.ts';
-import { DEFAULT_ALLOCATE_RANGE, DEFAULT_RESERVED_PORTS, type AllocatorConfig, type PortRange } from './allocate.ts';
-import { Controller, type ControllerConfig } from './controller.ts';
+import { DEFAULT_ALLOCATE_RANGE, DEFAULT_MAX_ADDRESSES, DEFAULT_RESERVED_PORTS, parseMaxAddresses, type AllocatorConfig, type PortRange } from '../controller/allocate.ts';
+import { Controller, type ControllerConfig } from '../controller/controller.ts';
 
 /** `80` or `8000-8999`, inclusive, within 1-65535. */
 export function parsePortRange(text: string): PortRange | undefined {
@@ -38,6 +38,8 @@ export function allocatorConfig(v: Record<string, OptionValue>, agentNamespace: 
     reservedPorts: (v['reserved-ports'] as string[]).map((r) => parsePortRange(r)!),
     allocateRange: parsePortRange(v['allocate-range'] as string)!,
     maxPortsPerService: v['max-ports-per-service'] as number,
+    // Commands sharing these flags without --max-addresses get the controller's default.
+    maxAddresses: parseMaxAddresses(v['max-addresses']) ?? DEFAULT_MAX_ADDRESSES,
   };
 }
 
@@ -60,6 +62,13 @@ export const CONTROLLER_SPEC: CommandSpec = {
     },
     { name: 'allocate-range', type: 'string', default: formatPortRange(DEFAULT_ALLOCATE_RANGE), validate: portRangeError, help: 'where pier.dev/port-mode: allocate draws external ports from' },
     { name: 'max-ports-per-service', type: 'int', default: 256, min: 1, max: 65535, help: 'Services with more ports are not served (TooManyPorts); keep it equal to the agents\' value' },
+    {
+      name: 'max-addresses',
+      type: 'string',
+      default: String(DEFAULT_MAX_ADDRESSES),
+      validate: (v) => (parseMaxAddresses(v) === undefined ? 'is neither a positive integer nor "all"' : undefined),
+      help: 'per Service and address family, list at most this many node addresses, chosen by rendezvous hashing (every eligible node while there are no more); "all" lists every eligible node; the annotation pier.dev/max-addresses overrides it per Service',
+    },
     { name: 'workers', type: 'int', default: 4, min: 1, max: 64, help: 'Services written concurrently' },
     { name: 'resync-period', type: 'duration', default: 60_000, min: 1000, help: 'recompute everything at least this often, even without changes' },
     { name: 'leader-elect', type: 'boolean', default: true, help: 'elect a leader among replicas on a Lease; only the leader writes (turn off only for a single replica)' },

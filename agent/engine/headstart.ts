@@ -3,7 +3,7 @@
 // iptables-restore can start, about half of it on work that depends on one
 // Service and its slices alone (its model, its ports' rules). Pages of
 // Services and EndpointSlices arrive over seconds; each Service whose slices
-// have shown up is handed to SyncPipeline.warm as soon as the Node's addresses
+// have shown up is handed to Engine.warm as soon as the Node's addresses
 // are known, so that the first sync is left with what spans Services.
 //
 // A list returns objects in key order, and a Service's slices are named
@@ -16,42 +16,36 @@
 // What spans Services (claims, dispatch trees) is rehearsed once, when each
 // list says at most one page is left: the engine runs over everything listed
 // so far, and the first sync settles only the last pages, as it would a
-// burst of events. bench:agent at 10,000 ports, two runs alternating with
-// and without it: computing on the sync's path 35 and 115 ms against 82 and
-// 195, the cold sync 1,009 and 939 ms against 1,137 and 1,138. The lists'
+// burst of events (bench:agent at 10,000 ports: it takes what is computed
+// on the sync's path from 82-195 ms to 35-115 ms). The lists'
 // remainingItemCount is a hint, not relied upon: without it nothing is
 // rehearsed, and a wrong count only moves when.
 import type { V1EndpointSlice, V1Service } from '@kubernetes/client-node';
-import type { Family } from '../lib/contract.ts';
-import { serviceId, sliceServiceId, type Model, type ServedPort } from './model.ts';
-import type { SyncPipeline } from './pipeline.ts';
+import { serviceId, sliceServiceId, type ServedPort } from './model.ts';
+import type { Engine, EngineResult } from './engine.ts';
 
 export interface HeadStartOptions {
-  /** Those the first sync renders iptables rules for (pipeline.warm). */
-  families: readonly Family[];
-  /** Each served port warmed, for the nftables renderers. */
+  /** Each served port warmed, for the backend's renderers to render ahead. */
   prepare?: (served: ServedPort) => void;
   /** The rehearsal's model, to render as the first sync will (see above). */
-  rehearse?: (model: Model) => void;
+  rehearse?: (result: EngineResult) => void;
 }
 
 export class HeadStart {
-  private readonly pipeline: SyncPipeline;
-  private readonly families: readonly Family[];
+  private readonly engine: Engine;
   private nodeAddresses: readonly string[] | undefined;
   /** Listed so far, by `namespace/name`. Dropped by done(). */
   private services = new Map<string, V1Service>();
   private slices = new Map<string, V1EndpointSlice[]>();
   private over = false;
   private readonly prepare: ((served: ServedPort) => void) | undefined;
-  private readonly onRehearse: ((model: Model) => void) | undefined;
+  private readonly onRehearse: ((result: EngineResult) => void) | undefined;
   /** Per list, whether its last page said at most one more page is left. */
   private readonly lastPageNext = { services: false, slices: false };
   private rehearsed = false;
 
-  constructor(pipeline: SyncPipeline, opts: HeadStartOptions) {
-    this.pipeline = pipeline;
-    this.families = opts.families;
+  constructor(engine: Engine, opts: HeadStartOptions) {
+    this.engine = engine;
     this.prepare = opts.prepare;
     this.onRehearse = opts.rehearse;
   }
@@ -111,14 +105,13 @@ export class HeadStart {
     if (this.rehearsed || !this.onRehearse || !this.nodeAddresses) return;
     if (!this.lastPageNext.services || !this.lastPageNext.slices) return;
     this.rehearsed = true;
-    const model = this.pipeline.model({ nodeAddresses: this.nodeAddresses, services: [...this.services.values()], slices: [...this.slices.values()].flat() });
-    this.onRehearse(model);
+    this.onRehearse(this.engine.update({ nodeAddresses: this.nodeAddresses, services: [...this.services.values()], slices: [...this.slices.values()].flat() }));
   }
 
   private warm(svc: V1Service, slices: readonly V1EndpointSlice[]): void {
     if (!this.nodeAddresses) return;
-    const served = this.pipeline.warm(this.nodeAddresses, svc, slices, this.families);
-    if (this.prepare) for (const s of served) this.prepare(s);
+    const served = this.engine.warm(this.nodeAddresses, svc, slices);
+    if (this.prepare) for (let i = 0; i < served.length; i++) this.prepare(served[i]!);
   }
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
-// The single `pier` executable. Each subcommand lives with its component;
-// this file only dispatches and prints usage.
-import { VERSION } from './version.ts';
+// The single `pier` executable. Each subcommand's argument handling is a
+// module of cmd/; this file only dispatches and prints usage.
+import { ExplainedError } from '../lib/errors.ts';
+import { VERSION } from '../lib/version.ts';
 
 interface Command {
   summary: string;
@@ -12,31 +13,31 @@ interface Command {
 const COMMANDS: Record<string, Command> = {
   controller: {
     summary: 'assign node addresses and ports to LoadBalancer Services (cluster-wide, leader-elected)',
-    run: async (argv) => (await import('../controller/main.ts')).runController(argv),
+    run: async (argv) => (await import('./controller.ts')).runController(argv),
   },
   agent: {
     summary: "program this node's iptables for the Services assigned to it (DaemonSet, host network)",
-    run: async (argv) => (await import('../agent/main.ts')).runAgent(argv),
+    run: async (argv) => (await import('./agent.ts')).runAgent(argv),
   },
   plan: {
     summary: 'print the iptables-restore input the agent would apply, from manifests on disk, with no cluster',
-    run: async (argv) => (await import('../agent/plan.ts')).runPlan(argv),
+    run: async (argv) => (await import('./plan.ts')).runPlan(argv),
   },
   trace: {
     summary: "explain what a client's connection to a frontend meets in the rules pier installs on a node",
-    run: async (argv) => (await import('../agent/trace-cli.ts')).runTrace(argv),
+    run: async (argv) => (await import('./trace.ts')).runTrace(argv),
   },
   cleanup: {
     summary: 'remove every pier chain and rule from this node, IPv4 and IPv6',
-    run: async (argv) => (await import('../agent/cleanup.ts')).runCleanup(argv),
+    run: async (argv) => (await import('./cleanup.ts')).runCleanup(argv),
   },
   check: {
     summary: 'report whether this node can forward: sysctls, iptables backend, nat and filter tables',
-    run: async (argv) => (await import('../agent/check.ts')).runCheck(argv),
+    run: async (argv) => (await import('./check.ts')).runCheck(argv),
   },
   status: {
     summary: 'per pier LoadBalancer Service on a live cluster: addresses, the nodes that serve it and why others do not, port errors',
-    run: async (argv) => (await import('../controller/status-cli.ts')).runStatus(argv),
+    run: async (argv) => (await import('./status.ts')).runStatus(argv),
   },
 };
 
@@ -80,7 +81,7 @@ main(process.argv.slice(2)).then(
   },
   (err: unknown) => {
     // Errors pier explains itself get one line; anything else is a bug and keeps its stack.
-    const known = err instanceof Error && ['KubeConfigError', 'ConfigError', 'ManifestError', 'IptablesError'].includes(err.name);
+    const known = err instanceof ExplainedError;
     process.stderr.write(`pier: ${known ? (err as Error).message : err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exitCode = 1;
   },

@@ -47,29 +47,29 @@
 // in another table (every base chain on a hook sees the packet, and any drop
 // is final), so pier cannot open a host's FORWARD policy DROP as its iptables
 // backend does. The agent reports such a policy instead.
-import type { Family } from '../lib/contract.ts';
-import { parseCidr } from '../lib/address.ts';
-import { compareText, portChanges, type Endpoint, type FamilyModel, type Protocol, type ServedPort } from './model.ts';
-import { chainName } from './render.ts';
+import type { Family } from '../../lib/contract.ts';
+import { parseCidr } from '../../lib/address.ts';
+import { compareText, portChanges, type PortChanges, type Endpoint, type FamilyModel, type ServedPort } from '../engine/model.ts';
+import { PROTOCOL } from '../../lib/protocols.ts';
+import { CHAIN, endpointsMap, endpointsMapIndex, FIXED_SETS, OWN_ORDER, ownName, pickChain, SET, spreadChain, spreadChainMasquerades, spreadChainWidth } from './names.ts';
 
 export const NFT_TABLE = 'pier';
 export const NFT_FAMILY: Record<Family, 'ip' | 'ip6'> = { ipv4: 'ip', ipv6: 'ip6' };
 
 /** The chains on hooks, with how many rules each holds. */
 export const FIXED_RULES = {
-  'filter-prerouting': 1,
-  'filter-input': 2,
-  'filter-output': 3,
-  'nat-prerouting': 1,
-  'nat-output': 1,
-  'nat-postrouting': 1,
+  [CHAIN.filterPrerouting]: 1,
+  [CHAIN.filterInput]: 2,
+  [CHAIN.filterOutput]: 3,
+  [CHAIN.natPrerouting]: 1,
+  [CHAIN.natOutput]: 1,
+  [CHAIN.natPostrouting]: 1,
 } as const;
 export const FIXED_CHAINS = Object.keys(FIXED_RULES) as (keyof typeof FIXED_RULES)[];
 /** Rules of each spread-<n>, local-<n> and pick-<i> chain. */
 export const SPREAD_RULES = 2;
 export const PICK_RULES = 1;
-/** The sets every table has; maps endpoints-<i> come and go with the largest endpoint count. */
-export const FIXED_SETS = ['services', 'hairpin', 'no-endpoints', 'restricted', 'allowed'] as const;
+// The sets every table has are FIXED_SETS (names.ts); maps endpoints-<i> come and go with the largest endpoint count.
 
 const TABLE_COMMENT = '"pier: LoadBalancer frontends of this node; managed by pier agent"';
 
@@ -106,20 +106,10 @@ export interface OwnObject {
 
 const ownKey = (o: OwnObject) => `${o.kind} ${o.name}`;
 
-/** The chain a served port's frontends go to: by its policy and how many endpoints it has. */
-export function spreadName(endpoints: number, masquerade: boolean): string {
-  return `${masquerade ? 'spread' : 'local'}-${endpoints}`;
-}
-
-/** How many endpoints a spread-<n> or local-<n> chain picks from. */
-function spreadWidth(name: string): number {
-  return Number(name.slice(name.indexOf('-') + 1));
-}
-
 /** How many endpoints-<i> maps and pick-<i> chains the table has: its largest endpoint count. */
 export function width(r: NftRuleset): number {
   let n = 0;
-  for (const s of r.spreads.keys()) n = Math.max(n, spreadWidth(s));
+  for (const s of r.spreads.keys()) n = Math.max(n, spreadChainWidth(s));
   return n;
 }
 
@@ -137,8 +127,6 @@ export function nftCounts(r: NftRuleset): { rules: number; chains: number } {
   return { rules: fixed + r.spreads.size * SPREAD_RULES + picks * PICK_RULES + ownRules, chains: FIXED_CHAINS.length + r.spreads.size + picks + ownChains };
 }
 
-const endpointsMap = (i: number) => `endpoints-${i}`;
-
 /** What one served port adds to its family's table. */
 interface ServedNft {
   /** set, key, what follows the key. */
@@ -151,7 +139,6 @@ interface ServedNft {
   own: readonly OwnObject[];
 }
 
-const PROTO: Record<Protocol, string> = { TCP: 'tcp', UDP: 'udp', SCTP: 'sctp' };
 
 export function emptyNft(family: Family, masqueradeBit: number): NftRuleset {
   return { family, masqueradeBit, sets: new Map(FIXED_SETS.map((s) => [s, new Map<string, string>()])), spreads: new Map(), own: new Map() };
@@ -174,9 +161,9 @@ export interface NftUpdate {
  * by identity with the last update's (the pipeline hands out the same served port
  * object while its Service and slices do not change), and edits the state
  * and the transaction for only the served ports that came or went. A new renderer's
- * first update is the whole table, added to an empty one. At 10,000 ports
- * rebuilding the sets and comparing them whole cost ~65 ms per sync
- * (bench/agent.ts, "nftables ... no-op sync"), more than nft itself.
+ * first update is the whole table, added to an empty one. Rebuilding the
+ * sets and comparing them whole would cost more than nft itself (~65 ms a
+ * sync at 10,000 ports).
  *
  * `state` is the renderer's own, changed by the next update: read it, keep
  * the version, never change it.
@@ -200,14 +187,15 @@ export class NftRenderer {
 
   /**
    * `transaction: false` when the table will be written whole anyway (the
-   * kernel holds no version of it): at 10,000 ports building the transaction
-   * of a cold sync costs ~30 ms for nothing (bench:agent, "nftables ... cold sync").
+   * kernel holds no version of it): a cold sync's transaction would be
+   * built for nothing (~30 ms at 10,000 ports).
+   * `changes`: the engine's record of how the model came to be.
    */
-  update(model: FamilyModel, opts: { transaction?: boolean } = {}): NftUpdate {
+  update(model: FamilyModel, opts: { transaction?: boolean; changes?: PortChanges } = {}): NftUpdate {
     const since = this.version;
     if (model === this.model) return { state: this.state, version: since, since, delta: '' };
     if (model.family !== this.state.family) throw new Error(`an ${this.state.family} renderer was given an ${model.family} model`);
-    const diff = portChanges(this.model?.ports ?? [], model);
+    const diff = portChanges(this.model?.ports ?? [], model, opts.changes);
     if (!diff) throw new Error('a model whose served ports are not sorted by key');
     this.model = model;
     const prepared = this.prepared;
@@ -323,7 +311,7 @@ class Edit {
         if (v !== undefined) gone.push(k);
         if (now !== undefined) come.push(k);
       }
-      const dropped = set.startsWith('endpoints-') && Number(set.slice(10)) >= wa;
+      const dropped = (endpointsMapIndex(set) ?? -1) >= wa;
       if (gone.length && !dropped) dels += `delete element ${t} ${set} { ${gone.join(', ')} }\n`;
       if (come.length) adds += `add element ${t} ${set} { ${elementList(items, come)} }\n`;
     }
@@ -332,7 +320,7 @@ class Edit {
     let drops = '';
     for (const o of gone.sort(compareOwn).reverse()) drops += `delete ${o.kind} ${t} ${o.name}\n`;
     for (const [name, had] of this.spreadsBefore) if (had && !r.spreads.has(name)) drops += `delete chain ${t} ${name}\n`;
-    for (let i = wa; i < wb; i++) drops += `delete chain ${t} pick-${i}\n`;
+    for (let i = wa; i < wb; i++) drops += `delete chain ${t} ${pickChain(i)}\n`;
     for (let i = wa; i < wb; i++) {
       drops += `delete map ${t} ${endpointsMap(i)}\n`;
       r.sets.delete(endpointsMap(i));
@@ -343,34 +331,29 @@ class Edit {
   }
 }
 
-/** The whole table for a model, from scratch: `pier plan`, and the oracle of the tests. */
-export function renderNft(model: FamilyModel, masqueradeBit: number): NftRuleset {
-  return new NftRenderer(model.family, masqueradeBit).update(model).state;
-}
-
 function servedNft(served: ServedPort, family: Family, masqueradeBit: number): ServedNft {
-  const proto = PROTO[served.protocol];
+  const proto = PROTOCOL[served.protocol].word;
   const keys = served.frontends.map((f) => `${f.address} . ${proto} . ${f.port}`);
   const items: ServedNft['items'] = [];
   if (served.endpoints.length === 0) {
-    for (const k of keys) items.push(['no-endpoints', k, '']);
+    for (const k of keys) items.push([SET.noEndpoints, k, '']);
     return { items, spread: '', frontends: 0, own: NO_OWN };
   }
   const eps = [...served.endpoints].sort((a, b) => compareText(a.address, b.address) || a.port - b.port);
   const comment = ` comment "${served.comment.slice(0, MAX_NFT_COMMENT)}"`;
   const sticky = served.affinity > 0;
   const own = sticky ? affinityObjects(served, eps, family, masqueradeBit) : NO_OWN;
-  const spread = sticky ? '' : spreadName(eps.length, served.masquerade);
+  const spread = sticky ? '' : spreadChain(eps.length, served.masquerade);
   const target = sticky ? own[own.length - 1]!.name : spread;
   for (const k of keys) {
-    items.push(['services', k, `${comment} : goto ${target}`]);
+    items.push([SET.services, k, `${comment} : goto ${target}`]);
     if (!sticky) eps.forEach((e, i) => items.push([endpointsMap(i), k, ` : ${e.address} . ${e.port}`]));
     // Local keeps the client's address, except for a pod reaching itself
     // through the frontend: its reply must come back through this node.
-    if (!served.masquerade) for (const a of new Set(eps.map((e) => e.address))) items.push(['hairpin', `${k} . ${a}`, '']);
+    if (!served.masquerade) for (const a of new Set(eps.map((e) => e.address))) items.push([SET.hairpin, `${k} . ${a}`, '']);
     if (served.restrictSources) {
-      items.push(['restricted', k, '']);
-      for (const r of outermost(served.sourceRanges, family)) items.push(['allowed', `${k} . ${r}`, '']);
+      items.push([SET.restricted, k, '']);
+      for (const r of outermost(served.sourceRanges, family)) items.push([SET.allowed, `${k} . ${r}`, '']);
     }
   }
   return { items, spread, frontends: keys.length, own };
@@ -378,16 +361,9 @@ function servedNft(served: ServedPort, family: Family, masqueradeBit: number): S
 
 const NO_OWN: readonly OwnObject[] = Object.freeze([]);
 
-/** Orders own objects for a table block (compareOwn), so that a name is declared before a rule uses it. */
-const ORDER = { clients: 0, sticky: 1, affinity: 2 } as const;
-
+/** Own objects in a table block in OWN_ORDER (names.ts), so that a name is declared before a rule uses it. */
 function compareOwn(a: OwnObject, b: OwnObject): number {
   return a.order - b.order || compareText(a.name, b.name);
-}
-
-/** `<prefix>-<16 base32 characters of sha256(seed)>`, lower case. */
-function ownName(prefix: keyof typeof ORDER, seed: string): string {
-  return chainName(`${prefix}-`, seed).toLowerCase();
 }
 
 /**
@@ -400,7 +376,7 @@ function ownName(prefix: keyof typeof ORDER, seed: string): string {
 function affinityObjects(served: ServedPort, eps: readonly Endpoint[], family: Family, masqueradeBit: number): OwnObject[] {
   const ip = NFT_FAMILY[family];
   const addr = family === 'ipv4' ? 'ipv4_addr' : 'ipv6_addr';
-  const proto = PROTO[served.protocol];
+  const proto = PROTOCOL[served.protocol].word;
   const out: OwnObject[] = [];
   const stickies: string[] = [];
   let checks = '';
@@ -409,14 +385,14 @@ function affinityObjects(served: ServedPort, eps: readonly Endpoint[], family: F
     const clients = ownName('clients', `${seed}|${served.affinity}`);
     const sticky = ownName('sticky', seed);
     const to = family === 'ipv4' ? `${e.address}:${e.port}` : `[${e.address}]:${e.port}`;
-    out.push({ kind: 'set', name: clients, text: `\tset ${clients} { type ${addr}; flags dynamic,timeout; timeout ${served.affinity}s; }\n`, rules: 0, order: ORDER.clients });
-    out.push({ kind: 'chain', name: sticky, text: `\tchain ${sticky} { meta l4proto ${proto} update @${clients} { ${ip} saddr } dnat to ${to}; }\n`, rules: 1, order: ORDER.sticky });
+    out.push({ kind: 'set', name: clients, text: `\tset ${clients} { type ${addr}; flags dynamic,timeout; timeout ${served.affinity}s; }\n`, rules: 0, order: OWN_ORDER.clients });
+    out.push({ kind: 'chain', name: sticky, text: `\tchain ${sticky} { meta l4proto ${proto} update @${clients} { ${ip} saddr } dnat to ${to}; }\n`, rules: 1, order: OWN_ORDER.sticky });
     checks += ` ${ip} saddr @${clients} goto ${sticky};`;
     stickies.push(sticky);
   }
   const name = ownName('affinity', served.key);
   const choose = stickies.length === 1 ? `goto ${stickies[0]}` : `numgen random mod ${stickies.length} vmap { ${stickies.map((s, i) => `${i} : goto ${s}`).join(', ')} }`;
-  out.push({ kind: 'chain', name, text: `\tchain ${name} { ${markRule(family, masqueradeBit, served.masquerade)};${checks} ${choose}; }\n`, rules: stickies.length + 2, order: ORDER.affinity });
+  out.push({ kind: 'chain', name, text: `\tchain ${name} { ${markRule(family, masqueradeBit, served.masquerade)};${checks} ${choose}; }\n`, rules: stickies.length + 2, order: OWN_ORDER.affinity });
   return out;
 }
 
@@ -446,25 +422,25 @@ function skeleton(family: Family, masqueradeBit: number): string {
   const ip = NFT_FAMILY[family];
   const key = `${addr} . inet_proto . inet_service`;
   const frontend = `${ip} daddr . meta l4proto . th dport`;
-  const sources = `${frontend} @restricted ${frontend} . ${ip} saddr != @allowed drop`;
+  const sources = `${frontend} @${SET.restricted} ${frontend} . ${ip} saddr != @${SET.allowed} drop`;
   // TCP is reset, as in the iptables backend (render.ts, TCP_RESET: ICMP
   // errors are rate-limited per client); nft adds the rule's `meta l4proto
   // tcp` itself and leaves it out when it lists the rule.
-  const noEndpoints = `ct state new ${frontend} @no-endpoints`;
+  const noEndpoints = `ct state new ${frontend} @${SET.noEndpoints}`;
   const reject = `${noEndpoints} reject with tcp reset; ${noEndpoints} reject`;
   return [
-    `\tmap services { type ${key} : verdict; }`,
-    `\tset hairpin { type ${key} . ${addr}; }`,
-    `\tset no-endpoints { type ${key}; }`,
-    `\tset restricted { type ${key}; }`,
-    `\tset allowed { type ${key} . ${addr}; flags interval; }`,
+    `\tmap ${SET.services} { type ${key} : verdict; }`,
+    `\tset ${SET.hairpin} { type ${key} . ${addr}; }`,
+    `\tset ${SET.noEndpoints} { type ${key}; }`,
+    `\tset ${SET.restricted} { type ${key}; }`,
+    `\tset ${SET.allowed} { type ${key} . ${addr}; flags interval; }`,
     // Numbers, not names: nft 1.0 knows "dstnat" for prerouting only.
-    `\tchain filter-prerouting { type filter hook prerouting priority -110; policy accept; ${sources}; }`,
-    `\tchain filter-input { type filter hook input priority -10; policy accept; ${reject}; }`,
-    `\tchain filter-output { type filter hook output priority -110; policy accept; ${sources}; ${reject}; }`,
-    `\tchain nat-prerouting { type nat hook prerouting priority -100; policy accept; ${frontend} vmap @services; }`,
-    `\tchain nat-output { type nat hook output priority -100; policy accept; ${frontend} vmap @services; }`,
-    `\tchain nat-postrouting { type nat hook postrouting priority 100; policy accept; ct mark & ${hex(masqueradeBit)} != 0 masquerade; }`,
+    `\tchain ${CHAIN.filterPrerouting} { type filter hook prerouting priority -110; policy accept; ${sources}; }`,
+    `\tchain ${CHAIN.filterInput} { type filter hook input priority -10; policy accept; ${reject}; }`,
+    `\tchain ${CHAIN.filterOutput} { type filter hook output priority -110; policy accept; ${sources}; ${reject}; }`,
+    `\tchain ${CHAIN.natPrerouting} { type nat hook prerouting priority -100; policy accept; ${frontend} vmap @${SET.services}; }`,
+    `\tchain ${CHAIN.natOutput} { type nat hook output priority -100; policy accept; ${frontend} vmap @${SET.services}; }`,
+    `\tchain ${CHAIN.natPostrouting} { type nat hook postrouting priority 100; policy accept; ct mark & ${hex(masqueradeBit)} != 0 masquerade; }`,
     '',
   ].join('\n');
 }
@@ -475,7 +451,7 @@ function pick(family: Family, i: number): string {
   const frontend = `${NFT_FAMILY[family]} daddr . meta l4proto . th dport`;
   return (
     `\tmap ${endpointsMap(i)} { type ${addr} . inet_proto . inet_service : ${addr} . inet_service; }\n` +
-    `\tchain pick-${i} { meta l4proto { tcp, udp, sctp } dnat to ${frontend} map @${endpointsMap(i)}; }\n`
+    `\tchain ${pickChain(i)} { meta l4proto { tcp, udp, sctp } dnat to ${frontend} map @${endpointsMap(i)}; }\n`
   );
 }
 
@@ -486,9 +462,9 @@ function pick(family: Family, i: number): string {
  * tunnel's outer packet would carry it.
  */
 function spread(family: Family, masqueradeBit: number, name: string): string {
-  const n = spreadWidth(name);
-  const masquerade = markRule(family, masqueradeBit, name.startsWith('spread-'));
-  const choose = n === 1 ? 'goto pick-0' : `numgen random mod ${n} vmap { ${Array.from({ length: n }, (_, i) => `${i} : goto pick-${i}`).join(', ')} }`;
+  const n = spreadChainWidth(name);
+  const masquerade = markRule(family, masqueradeBit, spreadChainMasquerades(name));
+  const choose = n === 1 ? `goto ${pickChain(0)}` : `numgen random mod ${n} vmap { ${Array.from({ length: n }, (_, i) => `${i} : goto ${pickChain(i)}`).join(', ')} }`;
   return `\tchain ${name} { ${masquerade}; ${choose}; }\n`;
 }
 
@@ -499,7 +475,7 @@ function spread(family: Family, masqueradeBit: number, name: string): string {
 function markRule(family: Family, masqueradeBit: number, masquerade: boolean): string {
   const ip = NFT_FAMILY[family];
   const mark = `ct mark set ct mark | ${hex(masqueradeBit)}`;
-  return masquerade ? mark : `${ip} daddr . meta l4proto . th dport . ${ip} saddr @hairpin ${mark}`;
+  return masquerade ? mark : `${ip} daddr . meta l4proto . th dport . ${ip} saddr @${SET.hairpin} ${mark}`;
 }
 
 function elementList(m: ReadonlyMap<string, string>, keys?: readonly string[]): string {
@@ -561,9 +537,8 @@ export function createScript(r: NftRuleset): string {
 /**
  * The elements of a table made by createScript, in `parts` transactions
  * that can run side by side, each frontend's elements in one. nft spends
- * its time parsing, one process to a core: at 10,000 ports two halves in
- * parallel took 210-270 ms where the one transaction took 270-490
- * (bench:agent, "nftables ... cold sync").
+ * its time parsing, one process to a core (bench:agent, "nftables ... cold
+ * sync" at 10,000 ports: 210-270 ms in two halves, 270-490 ms in one).
  */
 export function elementScripts(r: NftRuleset, parts: number): string[] {
   const t = `${NFT_FAMILY[r.family]} ${NFT_TABLE}`;
@@ -571,7 +546,7 @@ export function elementScripts(r: NftRuleset, parts: number): string[] {
   for (const [set, items] of r.sets) {
     const lists = Array.from({ length: parts }, (): string[] => []);
     // hairpin and allowed are keyed by frontend . address.
-    const compound = set === 'hairpin' || set === 'allowed';
+    const compound = set === SET.hairpin || set === SET.allowed;
     for (const [k, v] of items) lists[shareOf(compound ? k.slice(0, k.lastIndexOf(' . ')) : k, parts)]!.push(k + v);
     for (let i = 0; i < parts; i++) if (lists[i]!.length > 0) elements[i] += `add element ${t} ${set} { ${lists[i]!.join(', ')} }\n`;
   }
@@ -632,7 +607,7 @@ export function nftDrift(applied: NftRuleset, observed: NftObserved): string[] {
   const found: string[] = [];
   const want = new Map<string, number>(Object.entries(FIXED_RULES));
   for (const name of applied.spreads.keys()) want.set(name, SPREAD_RULES);
-  for (let i = 0; i < width(applied); i++) want.set(`pick-${i}`, PICK_RULES);
+  for (let i = 0; i < width(applied); i++) want.set(pickChain(i), PICK_RULES);
   const ownSets = new Set<string>();
   for (const o of applied.own.values()) {
     if (o.kind === 'chain') want.set(o.name, o.rules);

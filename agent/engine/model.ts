@@ -7,19 +7,18 @@
 // exception, so one bad manifest cannot stop a node from serving the rest.
 // Addresses leave this module in the canonical text iptables-save prints, so
 // the renderer can compare its output with the kernel's by string equality.
-import type { DiscoveryV1EndpointPort, V1EndpointSlice, V1LoadBalancerIngress, V1Service, V1ServicePort } from '@kubernetes/client-node';
+import type { DiscoveryV1EndpointPort, V1EndpointSlice, V1LoadBalancerIngress, V1Node, V1Service, V1ServicePort } from '@kubernetes/client-node';
 
-import { addressInfo, compareAddresses, compareText, parseCidr, type AddressInfo } from '../lib/address.ts';
-import { FAMILIES, SOURCE_RANGES_ANNOTATION, isPierService, type Family } from '../lib/contract.ts';
-import { SERVICE_NAME_LABEL, safely, serviceKey, timestamp } from '../lib/objects.ts';
-import { problemKey, type Problem as ReportedProblem } from '../lib/problem.ts';
+import { addressInfo, compareAddresses, compareText, parseCidr, type AddressInfo } from '../../lib/address.ts';
+import { FAMILIES, SOURCE_RANGES_ANNOTATION, isPierService, type Family } from '../../lib/contract.ts';
+import { SERVICE_NAME_LABEL, safely, serviceKey, timestamp } from '../../lib/objects.ts';
+import { problemKey, type Problem as ReportedProblem } from '../../lib/problem.ts';
+import { isProtocol, PROTOCOL, type Protocol } from '../../lib/protocols.ts';
 
 export type { Family };
 export { isPierService };
-export { compareAddresses, compareText, formatAddress, parseAddress, parseCidr, type ParsedAddress, type ParsedCidr } from '../lib/address.ts';
-export type Protocol = 'TCP' | 'UDP' | 'SCTP';
-
-export const PROTOCOLS: readonly Protocol[] = ['TCP', 'UDP', 'SCTP'];
+export { compareAddresses, compareText, formatAddress, parseAddress, parseCidr, type ParsedAddress, type ParsedCidr } from '../../lib/address.ts';
+export { PROTOCOLS, type Protocol } from '../../lib/protocols.ts';
 
 export interface Frontend {
   address: string;
@@ -172,11 +171,9 @@ export interface ModelContext {
   config: ModelConfig;
 }
 
-const PROTOCOL_INDEX: Record<Protocol, number> = { TCP: 0, UDP: 1, SCTP: 2 };
-
 /** A frontend as one number, so that conflicts are found without a string per claim. */
 function frontendKey(ctx: ModelContext, address: string, protocol: Protocol, port: number): number {
-  return (ctx.nodeAddresses.get(address)! * 4 + PROTOCOL_INDEX[protocol]) * 65536 + port;
+  return (ctx.nodeAddresses.get(address)! * 4 + PROTOCOL[protocol].index) * 65536 + port;
 }
 
 
@@ -228,65 +225,6 @@ export function serviceResult(svc: V1Service, owner: ServiceIdentity, slices: re
   }
 }
 
-export function buildModel(input: ModelInput): Model {
-  const ctx = modelContext(input);
-  const slicesByService = new Map<string, V1EndpointSlice[]>();
-  for (const slice of input.slices ?? []) {
-    const id = sliceServiceId(slice);
-    if (id === undefined) continue;
-    let list = slicesByService.get(id);
-    if (!list) slicesByService.set(id, (list = []));
-    list.push(slice);
-  }
-
-  // Sorted so that nothing depends on the order objects arrive in, not even
-  // which of two objects with one name wins.
-  const services = sortServices((input.services ?? []).filter((s) => s && pierService(s, input.config)));
-  const servedPorts: ServedPort[] = [];
-  const byFrontend = new Map<number, Claim[]>();
-  const problems: Problem[] = [];
-  for (const svc of services) {
-    const owner = serviceOwner(svc);
-    const r = serviceResult(svc, owner, slicesByService.get(owner.id) ?? [], ctx);
-    for (const p of r.servedPorts) servedPorts.push(p);
-    for (const c of r.claims) {
-      const list = byFrontend.get(c.key);
-      if (list) list.push(c);
-      else byFrontend.set(c.key, [c]);
-    }
-    for (const p of r.problems) problems.push(p);
-  }
-
-  // The served ports are this call's own: those that lose frontends lose them in place.
-  const lost = new Map<ServedPort, Set<Frontend>>();
-  for (const list of byFrontend.values()) {
-    if (list.length < 2) continue;
-    rankClaims(list);
-    for (let i = 1; i < list.length; i++) {
-      const c = list[i]!;
-      let set = lost.get(c.served);
-      if (!set) lost.set(c.served, (set = new Set()));
-      set.add(c.frontend);
-    }
-    for (const p of conflictProblems(list)) problems.push(p);
-  }
-  for (const [served, set] of lost) served.frontends = served.frontends.filter((f) => !set.has(f));
-
-  const byFamily: Record<Family, ServedPort[]> = { ipv4: [], ipv6: [] };
-  const seen = new Set<string>();
-  for (const served of servedPorts.sort(compareServedPorts)) {
-    if (served.frontends.length === 0 || seen.has(served.key)) continue;
-    seen.add(served.key);
-    byFamily[servedFamily(served)].push(served);
-  }
-
-  return {
-    ipv4: { family: 'ipv4', ports: byFamily.ipv4 },
-    ipv6: { family: 'ipv6', ports: byFamily.ipv6 },
-    problems: dedupeProblems(problems),
-  };
-}
-
 export function compareServedPorts(a: ServedPort, b: ServedPort): number {
   return compareText(a.key, b.key);
 }
@@ -325,24 +263,14 @@ export function diffServedPorts(before: readonly ServedPort[], after: readonly S
   return { removed, added };
 }
 
-/** Kept beside the models, which stay plain data equal to buildModel's. */
-const recorded = new WeakMap<FamilyModel, PortChanges>();
-
-/** The engine's record of what it changed to make `model` from the served ports `changes.since`. */
-export function recordPortChanges(model: FamilyModel, changes: PortChanges): FamilyModel {
-  recorded.set(model, changes);
-  return model;
-}
-
 /**
  * The served ports that went and came from `before` to `after`: the
- * engine's own record when it made `after` from `before`, so that one change
- * costs no pass over 10,000 ports (bench:agent, "nftables ... one Service
- * changed"); else diffServedPorts.
+ * engine's own record (`changes`, EngineResult) when it made `after` from
+ * `before`, so that one change costs no pass over 10,000 ports (bench:agent,
+ * "nftables ... one Service changed"); else diffServedPorts.
  */
-export function portChanges(before: readonly ServedPort[], after: FamilyModel): { removed: ServedPort[]; added: ServedPort[] } | undefined {
-  const c = recorded.get(after);
-  return c && c.since === before ? c : diffServedPorts(before, after.ports);
+export function portChanges(before: readonly ServedPort[], after: FamilyModel, changes: PortChanges | undefined): { removed: ServedPort[]; added: ServedPort[] } | undefined {
+  return changes && changes.since === before ? changes : diffServedPorts(before, after.ports);
 }
 
 /**
@@ -432,20 +360,8 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
     // The key names chains (render.ts): it stays the name or index, so that no chain is renamed.
     const portKey = portName || String(index);
     const portLabel = servicePortLabel(sp, index);
-    const protocol = sp?.protocol ?? 'TCP';
-    if (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP') {
-      problem(out, { service, port: portLabel, reason: 'UnsupportedProtocol', message: `Service ${service} port ${portLabel}: protocol ${JSON.stringify(protocol)} is not TCP, UDP or SCTP; the port is not served` });
-      continue;
-    }
-    const proto: Protocol = protocol;
-    if (keys) {
-      const id = `${portKey}/${proto}`;
-      if (keys.has(id)) {
-        problem(out, { service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portName ? id : portLabel} appears twice; only the first is served` });
-        continue;
-      }
-      keys.add(id);
-    }
+    const proto = specProtocol(sp, service, portLabel, portKey, portName, keys, out);
+    if (proto === undefined) continue;
 
     let v4: Frontend[] | undefined;
     let v6: Frontend[] | undefined;
@@ -504,6 +420,29 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
       }
     }
   }
+}
+
+/**
+ * A spec port's protocol, or undefined (and a Problem) when the port is not
+ * served: a protocol pier does not serve, or the second port of one name
+ * (or index) and protocol. `keys` holds those seen, undefined for a Service
+ * of one port.
+ */
+function specProtocol(sp: V1ServicePort, service: string, portLabel: string, portKey: string, portName: string, keys: Set<string> | undefined, out: ServiceResult): Protocol | undefined {
+  const protocol = sp?.protocol ?? 'TCP';
+  if (!isProtocol(protocol)) {
+    problem(out, { service, port: portLabel, reason: 'UnsupportedProtocol', message: `Service ${service} port ${portLabel}: protocol ${JSON.stringify(protocol)} is not TCP, UDP or SCTP; the port is not served` });
+    return undefined;
+  }
+  if (keys) {
+    const id = `${portKey}/${protocol}`;
+    if (keys.has(id)) {
+      problem(out, { service, port: portLabel, reason: 'DuplicatePort', message: `Service ${service}: port ${portName ? id : portLabel} appears twice; only the first is served` });
+      return undefined;
+    }
+    keys.add(id);
+  }
+  return protocol;
 }
 
 /** kube-proxy's default and the API server's bound for sessionAffinityConfig.clientIP.timeoutSeconds. */
@@ -637,9 +576,16 @@ function portEndpoints(
       message: `Service ${service} port ${portLabel}: its EndpointSlices list port ${JSON.stringify(portName)} as ${otherProtocol}, not ${protocol}; the port has no endpoints, so connections to it are rejected`,
     });
   }
+  return familyEndpoints(ready, nReady, fallback, nFallback);
+}
+
+/**
+ * Each family's endpoints from the first `nReady` of `ready` and `nFallback`
+ * of `fallback` (serving but terminating): those only when nothing of the
+ * family is ready, since a draining pod is better than a refused connection.
+ */
+function familyEndpoints(ready: Endpoint[] | undefined, nReady: number, fallback: Endpoint[] | undefined, nFallback: number): PortEndpoints {
   const result: PortEndpoints = { ipv4: NONE, ipv6: NONE };
-  // Terminating-but-serving endpoints only when nothing of the family is
-  // ready: better a draining pod than a refused connection.
   if (ready) {
     ready.length = nReady;
     insertionSort(ready, compareEndpoints);
@@ -727,29 +673,16 @@ export function conflictProblems(ranked: readonly Claim[]): Problem[] {
   return out;
 }
 
-/**
- * Services in a total order independent of arrival. Serialising every Service
- * to break ties would dominate a large model; only equal heads (the same
- * object twice, in practice never) pay for it.
- */
-function sortServices(services: V1Service[]): V1Service[] {
-  const decorated = services.map((svc) => ({ svc, head: serviceSortHead(svc), json: undefined as string | undefined }));
-  const json = (d: (typeof decorated)[number]) => (d.json ??= safely(() => JSON.stringify(d.svc), ''));
-  decorated.sort((a, b) => compareText(a.head, b.head) || compareText(json(a), json(b)));
-  return decorated.map((d) => d.svc);
-}
-
-function serviceSortHead(svc: V1Service): string {
-  return safely(() => {
-    const m = svc.metadata;
-    return `${m?.namespace ?? ''}\0${m?.name ?? ''}\0${m?.uid ?? ''}\0${m?.resourceVersion ?? ''}`;
-  }, '');
-}
-
-
 export function dedupeProblems(problems: readonly Problem[]): Problem[] {
   if (problems.length === 0) return [];
   const byKey = new Map<string, Problem>();
   for (const p of problems) byKey.set(problemKey(p), p);
   return [...byKey.entries()].sort(([a], [b]) => compareText(a, b)).map(([, p]) => p);
+}
+
+/** The addresses the controller may advertise for this node: InternalIP and ExternalIP. */
+export function nodeAddresses(node: V1Node): string[] {
+  return (node.status?.addresses ?? [])
+    .filter((a) => a.type === 'InternalIP' || a.type === 'ExternalIP')
+    .map((a) => a.address);
 }
