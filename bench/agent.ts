@@ -576,7 +576,7 @@ interface Memory {
  */
 async function agentMemory(ports: number): Promise<Memory> {
   const out = join(ROOT, '.cache', 'bench-rss');
-  await transpile(out, ['agent', 'lib', 'bench/agent-rss.ts']);
+  await transpile(out, ['agent', 'lib', 'test/support/pipeline.ts', 'bench/agent-rss.ts']);
   return withScratch(async (s) => {
     // With this process's Node flags: npm run bench:agent gives the image's.
     const flags = [...new Set([...process.execArgv, '--expose-gc'])];

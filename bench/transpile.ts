@@ -8,16 +8,16 @@ import ts from 'typescript';
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 
 /**
- * Transpiles `entries` (folders, whose .ts files are taken, or single .ts
- * files; relative to the repository root) into a fresh `out`, keeping the
- * layout, so relative imports still resolve.
+ * Transpiles `entries` (folders, whose .ts files are taken with their
+ * subfolders', or single .ts files; relative to the repository root) into a
+ * fresh `out`, keeping the layout, so relative imports still resolve.
  */
 export async function transpile(out: string, entries: string[]): Promise<void> {
   await rm(out, { recursive: true, force: true });
   for (const entry of entries) {
     const path = join(ROOT, entry);
     const files = (await stat(path)).isDirectory()
-      ? (await readdir(path)).filter((f) => f.endsWith('.ts')).map((f) => join(path, f))
+      ? (await readdir(path, { recursive: true })).filter((f) => f.endsWith('.ts')).map((f) => join(path, f))
       : [path];
     for (const file of files) {
       const js = ts.transpileModule(await readFile(file, 'utf8'), {
