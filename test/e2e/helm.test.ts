@@ -152,10 +152,10 @@ describe('the Helm chart on real nodes', () => {
     const [r] = await cluster.lab.probe(client(), cluster.lab.nodes[0]!.v4, 80, { timeoutMs: 1000 });
     expect(r?.ok).toBe(true);
 
-    await cluster.kubectl(['apply', '-k', DEPLOY + 'cleanup']);
+    await cluster.kubectl(['apply', '-k', join(DEPLOY, 'cleanup')]);
     await cluster.kubectl(['-n', 'pier-cleanup', 'rollout', 'status', 'ds/pier-cleanup', '--timeout=120s']);
     expect(await pierRules()).toEqual([]);
-    await cluster.kubectl(['delete', '-k', DEPLOY + 'cleanup', '--timeout=120s']);
+    await cluster.kubectl(['delete', '-k', join(DEPLOY, 'cleanup'), '--timeout=120s']);
     await cluster.kubectl(['delete', 'namespace', SYSTEM, '--timeout=120s']);
   });
 });

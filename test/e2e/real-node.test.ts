@@ -16,7 +16,7 @@ import { describeTally, steadyClient as steady, tally } from '../lab/steady.ts';
 import { kindOverlay } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
-const DEPLOY = fileURLToPath(new URL('../../deploy', import.meta.url));
+const DEPLOY = fileURLToPath(new URL('../../deploy/', import.meta.url));
 const UDP_FLOW = fileURLToPath(new URL('../lab/udp-flow.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'default';
@@ -573,12 +573,12 @@ describe('pier on real nodes, deployed as the README says', () => {
       return [...r.iptables, ...r.nftables];
     };
     expect((await chains()).length).toBeGreaterThan(0);
-    await cluster.kubectl(['delete', '-k', DEPLOY + 'overlays/kind', '--timeout=120s']);
+    await cluster.kubectl(['delete', '-k', join(DEPLOY, 'overlays/kind'), '--timeout=120s']);
     // The agents stop; their rules stay (an upgrade must drop no traffic).
     expect((await chains()).length).toBeGreaterThan(0);
-    await cluster.kubectl(['apply', '-k', DEPLOY + 'cleanup']);
+    await cluster.kubectl(['apply', '-k', join(DEPLOY, 'cleanup')]);
     await cluster.kubectl(['-n', 'pier-cleanup', 'rollout', 'status', 'ds/pier-cleanup', '--timeout=120s']);
     expect(await chains()).toEqual([]);
-    await cluster.kubectl(['delete', '-k', DEPLOY + 'cleanup', '--timeout=120s']);
+    await cluster.kubectl(['delete', '-k', join(DEPLOY, 'cleanup'), '--timeout=120s']);
   });
 });
