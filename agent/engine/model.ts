@@ -317,21 +317,9 @@ function problem(out: ServiceResult, p: Problem): void {
 // iterator step allocates.
 function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext, slices: readonly V1EndpointSlice[], out: ServiceResult): void {
   const service = owner.id;
-  // Only Services advertised on this node concern this agent; reporting the
-  // others would make every node raise the same Event.
-  let ingresses: V1LoadBalancerIngress[] = NONE;
-  let ips: AddressInfo[] = NONE;
-  const allIngress = svc.status?.loadBalancer?.ingress ?? NONE;
-  if (!Array.isArray(allIngress)) throw new TypeError('status.loadBalancer.ingress is not a list');
-  for (let i = 0; i < allIngress.length; i++) {
-    const ing = allIngress[i]!;
-    const ip = addressInfo(ing?.ip);
-    if (ip !== undefined && ctx.nodeAddresses.has(ip.text)) {
-      ingresses = append(ingresses, ing);
-      ips = append(ips, ip);
-    }
-  }
-  if (ingresses.length === 0) return;
+  const here = ingressHere(svc, ctx);
+  if (!here) return;
+  const { ingresses, ips } = here;
 
   const specPorts: V1ServicePort[] = svc.spec?.ports ?? NONE;
   const max = ctx.config.maxPortsPerService;
@@ -363,50 +351,22 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
     const proto = specProtocol(sp, service, portLabel, portKey, portName, keys, out);
     if (proto === undefined) continue;
 
-    let v4: Frontend[] | undefined;
-    let v6: Frontend[] | undefined;
-    const seenFrontends = ingresses.length > 1 ? new Set<string>() : undefined;
-    for (let k = 0; k < ingresses.length; k++) {
-      const ing = ingresses[k]!;
-      const ip = ips[k]!;
-      const st = ing.ports?.[index];
-      if (!st) {
-        problem(out, { service, port: portLabel, reason: 'StatusPortMissing', message: `Service ${service} port ${portLabel}: status for ${ip.text} has no entry ${index}; the port is not served there` });
-        continue;
-      }
-      if (st.error) continue;
-      if (!Number.isInteger(st.port) || st.port < 1 || st.port > 65535) {
-        problem(out, { service, port: portLabel, reason: 'StatusPortInvalid', message: `Service ${service} port ${portLabel}: status port ${JSON.stringify(st.port)} for ${ip.text} is not in 1-65535` });
-        continue;
-      }
-      if (st.protocol !== undefined && st.protocol !== proto) {
-        problem(out, { service, port: portLabel, reason: 'StatusPortMismatch', message: `Service ${service} port ${portLabel}: status protocol ${JSON.stringify(st.protocol)} for ${ip.text} does not match ${proto}` });
-        continue;
-      }
-      if (seenFrontends) {
-        const fk = `${ip.text}|${st.port}`;
-        if (seenFrontends.has(fk)) continue;
-        seenFrontends.add(fk);
-      }
-      const frontend: Frontend = { address: ip.text, port: st.port };
-      if (ip.family === 'ipv4') v4 = v4 ? [...v4, frontend] : [frontend];
-      else v6 = v6 ? [...v6, frontend] : [frontend];
-    }
-    if (!v4 && !v6) continue;
+    const frontends = portFrontends(here, index, proto, portLabel, out);
+    if (!frontends) continue;
 
     const endpoints = portEndpoints(service, portLabel, portName, proto, local, ctx.nodeName, slices, out);
     const comment = sanitizeComment([service, ':', portName || (Number.isInteger(sp.port) ? sp.port : index)].join(''));
     for (let f = 0; f < FAMILIES.length; f++) {
       const family = FAMILIES[f]!;
-      const frontends = family === 'ipv4' ? v4 : v6;
-      if (!frontends) continue;
-      insertionSort(frontends, compareFrontends);
+      const inFamily = frontends[family];
+      if (!inFamily) continue;
+      insertionSort(inFamily, compareFrontends);
       const restrictSources = ranges.restrict && !ranges.open[family];
       const served: ServedPort = {
         key: [family, '/', service, '/', portKey, '/', proto].join(''),
         comment,
         protocol: proto,
-        frontends,
+        frontends: inFamily,
         endpoints: endpoints[family],
         sourceRanges: restrictSources ? ranges[family] : NONE,
         restrictSources,
@@ -414,12 +374,80 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
         affinity,
       };
       out.servedPorts = append(out.servedPorts, served);
-      for (let k = 0; k < frontends.length; k++) {
-        const frontend = frontends[k]!;
+      for (let k = 0; k < inFamily.length; k++) {
+        const frontend = inFamily[k]!;
         out.claims = append(out.claims, { served, owner, portLabel, frontend, key: frontendKey(ctx, frontend.address, proto, frontend.port) });
       }
     }
   }
+}
+
+/** A Service's ingress entries that are this node's addresses, with those addresses parsed. */
+interface IngressHere {
+  ingresses: V1LoadBalancerIngress[];
+  ips: AddressInfo[];
+}
+
+/**
+ * The Service's ingress entries on this node, or undefined when it has none:
+ * only Services advertised on this node concern this agent; reporting the
+ * others would make every node raise the same Event.
+ */
+function ingressHere(svc: V1Service, ctx: ModelContext): IngressHere | undefined {
+  let ingresses: V1LoadBalancerIngress[] = NONE;
+  let ips: AddressInfo[] = NONE;
+  const allIngress = svc.status?.loadBalancer?.ingress ?? NONE;
+  if (!Array.isArray(allIngress)) throw new TypeError('status.loadBalancer.ingress is not a list');
+  for (let i = 0; i < allIngress.length; i++) {
+    const ing = allIngress[i]!;
+    const ip = addressInfo(ing?.ip);
+    if (ip !== undefined && ctx.nodeAddresses.has(ip.text)) {
+      ingresses = append(ingresses, ing);
+      ips = append(ips, ip);
+    }
+  }
+  return ingresses.length === 0 ? undefined : { ingresses, ips };
+}
+
+/**
+ * Where spec port `index` is served on this node, per family, from the
+ * status the controller wrote; undefined when nowhere. A status entry that
+ * is missing or does not fit the spec is a Problem, and not served.
+ */
+function portFrontends(here: IngressHere, index: number, proto: Protocol, portLabel: string, out: ServiceResult): Partial<Record<Family, Frontend[]>> | undefined {
+  const service = out.owner.id;
+  const { ingresses, ips } = here;
+  let v4: Frontend[] | undefined;
+  let v6: Frontend[] | undefined;
+  const seenFrontends = ingresses.length > 1 ? new Set<string>() : undefined;
+  for (let k = 0; k < ingresses.length; k++) {
+    const ing = ingresses[k]!;
+    const ip = ips[k]!;
+    const st = ing.ports?.[index];
+    if (!st) {
+      problem(out, { service, port: portLabel, reason: 'StatusPortMissing', message: `Service ${service} port ${portLabel}: status for ${ip.text} has no entry ${index}; the port is not served there` });
+      continue;
+    }
+    if (st.error) continue;
+    if (!Number.isInteger(st.port) || st.port < 1 || st.port > 65535) {
+      problem(out, { service, port: portLabel, reason: 'StatusPortInvalid', message: `Service ${service} port ${portLabel}: status port ${JSON.stringify(st.port)} for ${ip.text} is not in 1-65535` });
+      continue;
+    }
+    if (st.protocol !== undefined && st.protocol !== proto) {
+      problem(out, { service, port: portLabel, reason: 'StatusPortMismatch', message: `Service ${service} port ${portLabel}: status protocol ${JSON.stringify(st.protocol)} for ${ip.text} does not match ${proto}` });
+      continue;
+    }
+    if (seenFrontends) {
+      const fk = `${ip.text}|${st.port}`;
+      if (seenFrontends.has(fk)) continue;
+      seenFrontends.add(fk);
+    }
+    const frontend: Frontend = { address: ip.text, port: st.port };
+    if (ip.family === 'ipv4') v4 = v4 ? [...v4, frontend] : [frontend];
+    else v6 = v6 ? [...v6, frontend] : [frontend];
+  }
+  if (!v4 && !v6) return undefined;
+  return { ipv4: v4, ipv6: v6 };
 }
 
 /**

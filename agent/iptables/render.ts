@@ -38,10 +38,8 @@
 // packet: replies and related ICMP errors (fragmentation needed, say) of an
 // accepted connection are accepted with it.
 //
-// Every rule is written exactly as iptables-save prints it back (match order,
-// /32 suffixes, quoting, the statistic match's rounded probability), so the
-// applier and the tests can compare a ruleset with the kernel's by string
-// equality, for the nft and the legacy backend alike.
+// Rules are made as data (rule.ts Rule) and spelled by rule.ts spell(), the
+// one place that knows how iptables-save prints them back.
 //
 // The pieces (servedRules, servedEntries, buildGroupTree, assembleRuleset) are
 // exported for the incremental renderer (renderer.ts), which keeps each port's
@@ -51,6 +49,7 @@ import type { Family } from '../../lib/contract.ts';
 import { compareAddresses, compareText, type Endpoint, type FamilyModel, type Protocol, type ServedPort } from '../engine/model.ts';
 import { PROTOCOL } from '../../lib/protocols.ts';
 import { chainName } from '../names.ts';
+import { hex, saveString, spell, type RecentMatch, type Rule } from './rule.ts';
 
 export type TableName = 'nat' | 'filter';
 export const TABLES: readonly TableName[] = ['nat', 'filter'];
@@ -106,7 +105,7 @@ export const ACCEPT_CHAIN = 'PIER-ACCEPT';
  * The canary holds a rule, not just a chain: `iptables -F` empties chains
  * without deleting them, and the applier must notice that too.
  */
-export const CANARY_RULE = '-m comment --comment "pier/canary" -j RETURN';
+export const CANARY_RULE = spell({ comment: saveString('pier/canary'), target: 'RETURN' });
 
 /** Rules a leaf chain may hold. */
 export const LEAF_RULES = 32;
@@ -116,93 +115,6 @@ export const TIER_FACTOR = 8;
 export const INLINE_RULES = 4;
 /** A port gets a chain of its own (PIER-SVC-, PIER-SRC-, PIER-LSRC-) only when its rules are more than this. */
 export const PORT_CHAIN_RULES = 8;
-
-interface ProtoText {
-  name: string;
-  number: number;
-  /** What a dst tree's port rule says before its port. */
-  dstHead: string;
-}
-
-const PROTO: Record<Protocol, ProtoText> = { TCP: protoText('TCP'), UDP: protoText('UDP'), SCTP: protoText('SCTP') };
-
-function protoText(protocol: Protocol): ProtoText {
-  const { word: name, number } = PROTOCOL[protocol];
-  return { name, number, dstHead: `-p ${name} -m ${name} --dport ` };
-}
-
-// ---------------------------------------------------------------------------
-// Rule text
-
-/** One of pier's fixed rules (fixedRules): no port, no comment. */
-interface RuleSpec {
-  ct?: { state?: string; notState?: string };
-  /** `-m connmark --mark` value. */
-  connmark?: string;
-  target: string;
-}
-
-/**
- * Matches in the order iptables-save prints them for rules written in this
- * order. Comments: no rule on the path of a connection pier serves has
- * one: not the fixed rules, the dispatch rules, a port's marks or its DNAT
- * rules, whose addresses and ports say what they serve (`pier trace` names
- * the Service). One per DNAT rule would make the 10,000-port payload, and
- * so its restore, a fifth larger. The rules that refuse or admit by source (REJECT, the source ranges' accept and
- * drop) name the Service, after every other match, so a packet meets only
- * the comment of the rule it takes.
- */
-function formatRule(r: RuleSpec): string {
-  let out = '';
-  if (r.ct?.notState) out += `-m conntrack ! --ctstate ${r.ct.notState} `;
-  if (r.ct?.state) out += `-m conntrack --ctstate ${r.ct.state} `;
-  if (r.connmark) out += `-m connmark --mark ${r.connmark} `;
-  return `${out}-j ${r.target}`;
-}
-
-const BARE = /^[-_0-9A-Za-z]+$/;
-const ESCAPED = /["\\']/;
-
-/** xtables_save_string: bare when made only of [_-0-9A-Za-z], else double-quoted with ", \ and ' escaped. */
-export function saveString(value: string): string {
-  if (BARE.test(value)) return value;
-  // Sanitised comments never need escapes; only the quotes are added.
-  const escaped = ESCAPED.test(value) ? value.replace(/["\\']/g, (c) => `\\${c}`) : value;
-  return ['"', escaped, '"'].join('');
-}
-
-const probabilities: string[] = [];
-
-/**
- * The statistic match stores round(p * 2^31) and prints it back as a decimal
- * with 11 places (glibc rounds exact ties to even); 1/n written this way
- * survives a round trip through the kernel unchanged.
- */
-export function probability(n: number): string {
-  const known = probabilities[n];
-  if (known !== undefined) return known;
-  const k = BigInt(Math.round(2 ** 31 / n));
-  const scaled = k * 10n ** 11n;
-  let q = scaled >> 31n;
-  const r = scaled & (2n ** 31n - 1n);
-  const half = 2n ** 30n;
-  if (r > half || (r === half && (q & 1n) === 1n)) q++;
-  const s = q.toString().padStart(12, '0');
-  const text = `${s.slice(0, -11)}.${s.slice(-11)}`;
-  if (Number.isInteger(n) && n > 0 && n < 65536) probabilities[n] = text;
-  return text;
-}
-
-const statistics: string[] = [];
-
-/** The match that takes one of n connections; the same string for every rule with n. */
-function statistic(n: number): string {
-  return (statistics[n] ??= ` -m statistic --mode random --probability ${probability(n)}`);
-}
-
-export function hex(n: number): string {
-  return `0x${(n >>> 0).toString(16)}`;
-}
 
 // ---------------------------------------------------------------------------
 // Families
@@ -286,19 +198,12 @@ const TREE: Record<TreeName, { kind: TreeKind; prefix: string; table: TableName 
 
 /**
  * One rule of a port, before the tree adds the matches that select the port
- * (and, at a tree's root, its address and protocol). Made while a served port is
- * rendered, not kept: what is kept is the text (PortEntry.inner).
+ * (and, at a tree's root, its address and protocol): atPort(). Made while a
+ * served port is rendered, not kept: what is kept is the text (PortEntry.inner).
  */
-export interface PortRule {
-  /** `-s` value (dst trees). */
-  s: string;
-  /** `--ctorigsrc` value (ct trees). */
-  origsrc: string;
-  /** Already quoted for iptables-save. */
-  comment: string;
-  /** The matches after the port's: ` -m statistic ...`, ` -m recent ...`, both, or ''. */
-  matches: string;
-  target: string;
+export interface PortRule extends Pick<Rule, 's' | 'oneIn' | 'recent' | 'comment' | 'target'> {
+  /** The connection's original source (ct trees). */
+  origsrc?: string;
 }
 
 /** One frontend's rules in one tree: what a tree chain lists for that port. */
@@ -318,19 +223,24 @@ export interface ServedRules {
   own: { table: TableName; name: string; rules: string[] }[];
 }
 
-function portRule(comment: string, target: string, s = '', origsrc = '', matches = ''): PortRule {
-  return { s, origsrc, comment, matches, target };
-}
-
-/** The rules of one served port, for every tree it appears in. Pure. */
+/**
+ * The rules of one served port, for every tree it appears in. Pure.
+ *
+ * Comments: no rule on the path of a connection pier serves has one: not
+ * the fixed rules, the dispatch rules, a port's marks or its DNAT rules,
+ * whose addresses and ports say what they serve (`pier trace` names the
+ * Service). One per DNAT rule would make the 10,000-port payload, and so
+ * its restore, a fifth larger. The rules that refuse or admit by source
+ * (REJECT, the source ranges' accept and drop) name the Service.
+ */
 export function servedRules(served: ServedPort, family: Family, marks: MarkBits): ServedRules {
+  const proto = PROTOCOL[served.protocol].word;
   const text = FAMILY_TEXT[family];
   const comment = saveString(served.comment);
-  const proto = PROTO[served.protocol].name;
   const endpoints = sortedEndpoints(served.endpoints);
   const own: ServedRules['own'] = [];
   if (endpoints.length === 0) {
-    return { trees: { noEndpoints: [portRule(comment, served.protocol === 'TCP' ? TCP_RESET : text.unreachable)] }, own };
+    return { trees: { noEndpoints: [portRule(served.protocol === 'TCP' ? TCP_RESET : text.unreachable, { comment })] }, own };
   }
 
   // nat: mark the connection as accepted when any source may use the port,
@@ -348,26 +258,25 @@ export function servedRules(served: ServedPort, family: Family, marks: MarkBits)
   // Marked in nat, which sees only a connection's first packet, the
   // connection skips the FORWARD tree: PIER-FORWARD accepts it by its mark
   // at its first rule (bench:connect, "TCP connect").
-  // No nat rule carries a comment: every connection would pay for it (see formatRule).
-  if (accept || served.masquerade) nat[k++] = portRule('', accept && served.masquerade ? set.both : accept ? set.accept : set.masquerade);
-  for (let i = 0; i < hairpins; i++) nat[k++] = portRule('', set.masquerade, text.host(endpoints[i]!.address));
+  if (accept || served.masquerade) nat[k++] = portRule(accept && served.masquerade ? set.both : accept ? set.accept : set.masquerade);
+  for (let i = 0; i < hairpins; i++) nat[k++] = portRule(set.masquerade, { s: text.host(endpoints[i]!.address) });
   // ClientIP affinity: a client an endpoint's list remembers goes back to
   // it (and is remembered afresh); a new one is spread and remembered where
   // it lands. A list per endpoint, so an endpoint's rules leaving end its
   // clients' affinity with it.
   const lists = sticky ? endpoints.map((e) => affinityList(served, e, text)) : undefined;
-  if (lists) for (let i = 0; i < endpoints.length; i++) nat[k++] = portRule('', text.dnat(endpoints[i]!), '', '', lists[i]!.update);
+  if (lists) for (let i = 0; i < endpoints.length; i++) nat[k++] = portRule(text.dnat(endpoints[i]!), { recent: lists[i]!.update });
   for (let i = 0; i < endpoints.length; i++) {
-    const spread = i < endpoints.length - 1 ? statistic(endpoints.length - i) : '';
-    nat[k++] = portRule('', text.dnat(endpoints[i]!), '', '', lists ? spread + lists[i]!.set : spread);
+    const oneIn = i < endpoints.length - 1 ? endpoints.length - i : undefined;
+    nat[k++] = portRule(text.dnat(endpoints[i]!), { oneIn, recent: lists?.[i]!.set });
   }
   // A port whose rules are few sits in the dispatch tree; one chain per port
   // would make every full restore pay for a user chain.
   if (nat.length > PORT_CHAIN_RULES) {
     const name = chainName('PIER-SVC-', `svc|${served.key}`);
-    const rules = nat.map((r, i) => (i < markRules ? `${r.s ? `-s ${r.s} ` : ''}-j ${r.target}` : `-p ${proto}${r.matches} -j ${r.target}`));
+    const rules = nat.map((r, i) => spell(i < markRules ? { s: r.s, target: r.target } : { protocol: proto, oneIn: r.oneIn, recent: r.recent, target: r.target }));
     own.push({ table: 'nat', name, rules });
-    nat = [portRule('', name)];
+    nat = [portRule(name)];
   }
 
   // filter: a restricted port's connection is accepted by the FORWARD tree,
@@ -380,12 +289,17 @@ export function servedRules(served: ServedPort, family: Family, marks: MarkBits)
   return { trees: { nat, forward, sources }, own };
 }
 
-/** One endpoint's xt_recent list of a served port with affinity, as iptables-save prints its matches. */
+/** One endpoint's xt_recent list of a served port with affinity. */
 interface AffinityList {
   /** Matches a client the list holds, not older than the timeout, and refreshes it. */
-  update: string;
+  update: RecentMatch;
   /** Remembers the client. */
-  set: string;
+  set: RecentMatch;
+}
+
+/** A PortRule, always of one shape: spell() then reads every rule's fields the same way. */
+function portRule(target: string, f: Omit<PortRule, 'target'> = {}): PortRule {
+  return { s: f.s, origsrc: f.origsrc, oneIn: f.oneIn, recent: f.recent, comment: f.comment, target };
 }
 
 /**
@@ -399,8 +313,8 @@ export function affinityListName(served: ServedPort, e: Endpoint): string {
 }
 
 function affinityList(served: ServedPort, e: Endpoint, text: FamilyText): AffinityList {
-  const tail = ` --name ${affinityListName(served, e)} --mask ${text.fullMask} --rsource`;
-  return { update: ` -m recent --update --seconds ${served.affinity} --reap${tail}`, set: ` -m recent --set${tail}` };
+  const name = affinityListName(served, e);
+  return { update: { mode: 'update', seconds: served.affinity, name, mask: text.fullMask }, set: { mode: 'set', name, mask: text.fullMask } };
 }
 
 /** How a tree checks sources: what an allowed source gets, and the port's own chain when the list is long. */
@@ -417,12 +331,12 @@ const SOURCES_CHECK: SourceCheck = { allow: 'RETURN', prefix: 'PIER-LSRC-', seed
 
 /** A restricted port's source check in one tree: `allow` for each listed range, DROP for the rest. */
 function sourceCheck(served: ServedPort, comment: string, text: FamilyText, check: SourceCheck, own: ServedRules['own']): PortRule[] {
-  const rules = [...served.sourceRanges.map((cidr) => portRule(comment, check.allow, '', text.ctNet(cidr))), portRule(comment, 'DROP')];
+  const rules = [...served.sourceRanges.map((cidr) => portRule(check.allow, { origsrc: text.ctNet(cidr), comment })), portRule('DROP', { comment })];
   if (rules.length <= PORT_CHAIN_RULES) return rules;
   const name = chainName(check.prefix, `${check.seed}|${served.key}`);
   // No port to match in the port's own chain: the tree did.
-  own.push({ table: 'filter', name, rules: rules.map((r) => `${r.origsrc ? `-m conntrack --ctorigsrc ${r.origsrc} ` : ''}-m comment --comment ${comment} -j ${r.target}`) });
-  return [portRule(comment, name)];
+  own.push({ table: 'filter', name, rules: rules.map((r) => spell({ conntrack: r.origsrc ? { origsrc: r.origsrc } : undefined, comment, target: r.target })) });
+  return [portRule(name, { comment })];
 }
 
 /** A served port's entries in one tree, one per frontend, with their text for a range chain. */
@@ -430,43 +344,26 @@ export function servedEntries(served: ServedPort, tree: TreeName, rules: readonl
   return served.frontends.map((f) => ({ port: f.port, inner: portTexts(tree, served.protocol, rules, f.port, undefined), served }));
 }
 
-/**
- * A port's rules as a tree chain lists them; `root` adds the group's address
- * and protocol match. Each rule is put together as one flat string: a
- * template literal would keep it as a tree of a dozen string pieces, which at
- * 40,000 rules costs more memory and garbage-collection time than copying.
- */
+/** A port's rules as a tree chain lists them; `root` adds the group's address and protocol match. */
 function portTexts(tree: TreeName, protocol: Protocol, rules: readonly PortRule[], port: number, root: string | undefined): string[] {
-  const p = PROTO[protocol];
-  const dst = TREE[tree].kind === 'dst';
   const out = new Array<string>(rules.length);
-  const parts = joinParts;
-  for (let i = 0; i < rules.length; i++) {
-    const r = rules[i]!;
-    if (dst) {
-      parts[0] = r.s ? `-s ${r.s} ` : '';
-      parts[1] = root ? `-d ${root} ` : '';
-      parts[2] = p.dstHead;
-      parts[3] = port;
-      parts[4] = r.matches;
-    } else {
-      parts[0] = root ? `-m conntrack --ctproto ${p.number}` : '-m conntrack';
-      parts[1] = r.origsrc ? ` --ctorigsrc ${r.origsrc}` : '';
-      parts[2] = root ? ` --ctorigdst ${root}` : '';
-      parts[3] = ' --ctorigdstport ';
-      parts[4] = port;
-    }
-    parts[5] = r.comment ? ' -m comment --comment ' : '';
-    parts[6] = r.comment;
-    parts[7] = ' -j ';
-    parts[8] = r.target;
-    out[i] = parts.join('');
-  }
+  for (let i = 0; i < rules.length; i++) out[i] = spell(select(tree, protocol, rules[i]!, port, root));
   return out;
 }
 
-/** portTexts' pieces of one rule: one array for every rule, so that joining them allocates only the result. */
-const joinParts: (string | number)[] = new Array<string | number>(9).fill('');
+/**
+ * A tree's rule: `r` with the matches that select its port (or a range of
+ * ports), and at the tree's root its address and protocol. A dst tree
+ * matches the packet's destination, a ct tree the connection's original one
+ * (after DNAT).
+ */
+function select(tree: TreeName, protocol: Protocol, r: PortRule, port: number | string | undefined, root: string | undefined): Rule {
+  const p = PROTOCOL[protocol];
+  // Both of one shape (every field, in one order): spell() reads them alike.
+  if (TREE[tree].kind === 'dst') return { s: r.s, d: root, protocol: p.word, dport: port, conntrack: undefined, connmark: undefined, oneIn: r.oneIn, recent: r.recent, comment: r.comment, target: r.target };
+  const conntrack = { notState: undefined, state: undefined, proto: root ? p.number : undefined, origsrc: r.origsrc, origdst: root, origdstport: port };
+  return { s: undefined, d: undefined, protocol: undefined, dport: undefined, conntrack, connmark: undefined, oneIn: undefined, recent: undefined, comment: r.comment, target: r.target };
+}
 
 function sortedEndpoints(endpoints: readonly Endpoint[]): readonly Endpoint[] {
   const compare = (a: Endpoint, b: Endpoint) => compareAddresses(a.address, b.address) || a.port - b.port;
@@ -516,38 +413,133 @@ export function buildGroupTree(
   entries: readonly PortEntry[],
   reuse?: GroupReuse,
 ): GroupTree {
-  const { kind, prefix } = TREE[tree];
-  const proto = PROTO[protocol];
-  const host = FAMILY_TEXT[family].host(address);
-  const chains = new Map<string, TreeChain>();
+  const group = new GroupTreeBuilder(tree, family, marks, address, protocol, entries, reuse);
+  const root: string[] = [];
   const n = entries.length;
-  const costs = new Array<number>(n + 1);
-  costs[0] = 0;
-  for (let i = 0; i < n; i++) costs[i + 1] = costs[i]! + entries[i]!.inner.length;
-  const cost = (i: number, j: number) => costs[j]! - costs[i]!;
+  if (group.cost(0, n) <= INLINE_RULES) group.inline(root, 0, n, true);
+  else root.push(spell(select(tree, protocol, portRule(group.chain(0, 16, 0, n)), undefined, group.root)));
+  return { root: reuse && sameStrings(reuse.tree.root, root) ? reuse.tree.root : root, chains: group.chains };
+}
 
-  const chainFor = (lo: number, hi: number) => chainName(prefix, `${prefix}|${family}|${address}|${protocol}|${lo}-${hi}`);
+/** buildGroupTree's state while it builds one group's chains. */
+class GroupTreeBuilder {
+  readonly chains = new Map<string, TreeChain>();
+  /** What the root chain's rules match the group by: the host address (dst trees) or the address (ct trees). */
+  readonly root: string;
+  private readonly prefix: string;
+  /** costs[i]: the rules of entries [0, i). */
+  private readonly costs: number[];
 
-  const inline = (rules: string[], i: number, j: number, atRoot: boolean) => {
+  private readonly tree: TreeName;
+  private readonly family: Family;
+  private readonly marks: MarkBits;
+  private readonly address: string;
+  private readonly protocol: Protocol;
+  private readonly entries: readonly PortEntry[];
+  private readonly reuse: GroupReuse | undefined;
+
+  constructor(tree: TreeName, family: Family, marks: MarkBits, address: string, protocol: Protocol, entries: readonly PortEntry[], reuse: GroupReuse | undefined) {
+    this.tree = tree;
+    this.family = family;
+    this.marks = marks;
+    this.address = address;
+    this.protocol = protocol;
+    this.entries = entries;
+    this.reuse = reuse;
+    this.prefix = TREE[tree].prefix;
+    this.root = TREE[tree].kind === 'dst' ? FAMILY_TEXT[family].host(address) : address;
+    const costs = new Array<number>(entries.length + 1);
+    costs[0] = 0;
+    for (let i = 0; i < entries.length; i++) costs[i + 1] = costs[i]! + entries[i]!.inner.length;
+    this.costs = costs;
+  }
+
+  /** The rules of entries [i, j). */
+  cost(i: number, j: number): number {
+    return this.costs[j]! - this.costs[i]!;
+  }
+
+  /** Appends the rules of entries [i, j) to `rules`. */
+  inline(rules: string[], i: number, j: number, atRoot: boolean): void {
     for (let k = i; k < j; k++) {
-      const e = entries[k]!;
+      const e = this.entries[k]!;
       // Only a group of a few rules sits in the root chain: formatting its
       // served ports' rules again costs less than keeping them.
-      const texts = atRoot ? portTexts(tree, protocol, servedRules(e.served, family, marks).trees[tree]!, e.port, kind === 'dst' ? host : address) : e.inner;
+      const texts = atRoot ? portTexts(this.tree, this.protocol, servedRules(e.served, this.family, this.marks).trees[this.tree]!, e.port, this.root) : e.inner;
       for (const t of texts) rules.push(t);
     }
-  };
+  }
+
+  /** Builds (or takes over) the chain for [lo, lo + 2^bits) holding entries [i, j); returns its name. */
+  chain(lo: number, bits: number, i: number, j: number): string {
+    const hi = lo + 2 ** bits - 1;
+    const name = chainName(this.prefix, `${this.prefix}|${this.family}|${this.address}|${this.protocol}|${lo}-${hi}`);
+    const reuse = this.reuse;
+    if (reuse && reuse.tree.chains.has(name) && !this.changedWithin(lo, hi)) {
+      this.takeOver(name);
+      return name;
+    }
+    const rules: string[] = [];
+    const children: string[] = [];
+    const t = tier(this.cost(i, j));
+    if (t === 0) this.inline(rules, i, j, false);
+    else {
+      const frontier = this.frontier(t, lo, bits, i, j);
+      for (let f = 0; f < frontier.length; f += 4) {
+        const [slo, sbits, si, sj] = [frontier[f]!, frontier[f + 1]!, frontier[f + 2]!, frontier[f + 3]!];
+        if (sbits === 0 || this.cost(si, sj) <= INLINE_RULES) {
+          this.inline(rules, si, sj, false);
+          continue;
+        }
+        const child = this.chain(slo, sbits, si, sj);
+        rules.push(spell(select(this.tree, this.protocol, portRule(child), `${slo}:${slo + 2 ** sbits - 1}`, undefined)));
+        children.push(child);
+      }
+    }
+    // A rebuilt chain that came out the same keeps its array: the applier's
+    // diff then skips it by identity.
+    const before = reuse?.tree.chains.get(name);
+    this.chains.set(name, { rules: before && sameStrings(before.rules, rules) ? before.rules : rules.slice(), children: children.length > 0 ? children.slice() : NO_CHILDREN });
+    return name;
+  }
+
+  /**
+   * The subtrees below a chain of tier `t` over [lo, lo + 2^bits): the
+   * binary trie over port bits cut where a subtree's tier drops below `t`,
+   * as flat (lo, bits, i, j) quadruples in port order.
+   */
+  private frontier(t: number, lo: number, bits: number, i: number, j: number): number[] {
+    const out: number[] = [];
+    const descend = (lo: number, bits: number, i: number, j: number) => {
+      if (bits === 0) return void out.push(lo, bits, i, j);
+      const mid = lo + 2 ** (bits - 1);
+      const cut = this.lowerBound(mid, i, j);
+      if (cut > i) {
+        if (tier(this.cost(i, cut)) < t) out.push(lo, bits - 1, i, cut);
+        else descend(lo, bits - 1, i, cut);
+      }
+      if (j > cut) {
+        if (tier(this.cost(cut, j)) < t) out.push(mid, bits - 1, cut, j);
+        else descend(mid, bits - 1, cut, j);
+      }
+    };
+    descend(lo, bits, i, j);
+    return out;
+  }
+
   /** First index in [i, j) whose port is >= port. */
-  const lowerBound = (port: number, i: number, j: number) => {
+  private lowerBound(port: number, i: number, j: number): number {
     while (i < j) {
       const mid = (i + j) >>> 1;
-      if (entries[mid]!.port < port) i = mid + 1;
+      if (this.entries[mid]!.port < port) i = mid + 1;
       else j = mid;
     }
     return i;
-  };
-  const changedWithin = (lo: number, hi: number) => {
-    const ports = reuse!.changedPorts;
+  }
+
+  /** Whether a changed port lies in [lo, hi]. */
+  private changedWithin(lo: number, hi: number): boolean {
+    const ports = this.reuse!.changedPorts;
     let a = 0;
     let b = ports.length;
     while (a < b) {
@@ -556,67 +548,14 @@ export function buildGroupTree(
       else b = mid;
     }
     return a < ports.length && ports[a]! <= hi;
-  };
-  const takeOver = (name: string) => {
-    const c = reuse!.tree.chains.get(name)!;
-    chains.set(name, c);
-    for (const child of c.children) takeOver(child);
-  };
-
-  /** Builds (or takes over) the chain for [lo, lo + 2^bits) holding entries [i, j); returns its name. */
-  const chain = (lo: number, bits: number, i: number, j: number): string => {
-    const hi = lo + 2 ** bits - 1;
-    const name = chainFor(lo, hi);
-    if (reuse && reuse.tree.chains.has(name) && !changedWithin(lo, hi)) {
-      takeOver(name);
-      return name;
-    }
-    const rules: string[] = [];
-    const children: string[] = [];
-    const t = tier(cost(i, j));
-    if (t === 0) inline(rules, i, j, false);
-    else {
-      const frontier: number[] = [];
-      const descend = (lo: number, bits: number, i: number, j: number) => {
-        if (bits === 0) return void frontier.push(lo, bits, i, j);
-        const mid = lo + 2 ** (bits - 1);
-        const cut = lowerBound(mid, i, j);
-        if (cut > i) {
-          if (tier(cost(i, cut)) < t) frontier.push(lo, bits - 1, i, cut);
-          else descend(lo, bits - 1, i, cut);
-        }
-        if (j > cut) {
-          if (tier(cost(cut, j)) < t) frontier.push(mid, bits - 1, cut, j);
-          else descend(mid, bits - 1, cut, j);
-        }
-      };
-      descend(lo, bits, i, j);
-      for (let f = 0; f < frontier.length; f += 4) {
-        const [slo, sbits, si, sj] = [frontier[f]!, frontier[f + 1]!, frontier[f + 2]!, frontier[f + 3]!];
-        if (sbits === 0 || cost(si, sj) <= INLINE_RULES) {
-          inline(rules, si, sj, false);
-          continue;
-        }
-        const child = chain(slo, sbits, si, sj);
-        const range = `${slo}:${slo + 2 ** sbits - 1}`;
-        rules.push(kind === 'dst' ? `${proto.dstHead}${range} -j ${child}` : `-m conntrack --ctorigdstport ${range} -j ${child}`);
-        children.push(child);
-      }
-    }
-    // A rebuilt chain that came out the same keeps its array: the applier's
-    // diff then skips it by identity.
-    const before = reuse?.tree.chains.get(name);
-    chains.set(name, { rules: before && sameStrings(before.rules, rules) ? before.rules : rules.slice(), children: children.length > 0 ? children.slice() : NO_CHILDREN });
-    return name;
-  };
-
-  const root: string[] = [];
-  if (cost(0, n) <= INLINE_RULES) inline(root, 0, n, true);
-  else {
-    const name = chain(0, 16, 0, n);
-    root.push(kind === 'dst' ? `-d ${host} -p ${proto.name} -j ${name}` : `-m conntrack --ctproto ${proto.number} --ctorigdst ${address} -j ${name}`);
   }
-  return { root: reuse && sameStrings(reuse.tree.root, root) ? reuse.tree.root : root, chains };
+
+  /** Keeps a chain of the previous tree, and its chains below. */
+  private takeOver(name: string): void {
+    const c = this.reuse!.tree.chains.get(name)!;
+    this.chains.set(name, c);
+    for (const child of c.children) this.takeOver(child);
+  }
 }
 
 const NO_CHILDREN: string[] = [];
@@ -636,7 +575,7 @@ export function sameStrings(a: readonly string[] | undefined, b: readonly string
 
 /** Groups in the order the root chain lists them: by address, then protocol number. */
 export function compareGroups(a: { address: string; protocol: Protocol }, b: { address: string; protocol: Protocol }): number {
-  return compareAddresses(a.address, b.address) || PROTO[a.protocol].number - PROTO[b.protocol].number;
+  return compareAddresses(a.address, b.address) || PROTOCOL[a.protocol].number - PROTOCOL[b.protocol].number;
 }
 
 // ---------------------------------------------------------------------------
@@ -675,32 +614,32 @@ export function fixedRules(marks: MarkBits): FixedRules {
   checkMarkBits(marks);
   const accepted = `${hex(marks.accept)}/${hex(marks.accept)}`;
   const fixed: FixedRules = {
-    postrouting: [formatRule({ connmark: `${hex(marks.masquerade)}/${hex(marks.masquerade)}`, target: 'MASQUERADE' })],
+    postrouting: [spell({ connmark: `${hex(marks.masquerade)}/${hex(marks.masquerade)}`, target: 'MASQUERADE' })],
     heads: {
       nat: [],
       // Every packet of pier's connections, both ways, is accepted at the
       // first rule, by the mark its nat rules or PIER-ACCEPT gave the
       // connection (bench:connect); the rest of the traffic leaves at the second.
-      forward: [formatRule({ connmark: accepted, target: 'ACCEPT' }), formatRule({ ct: { notState: 'DNAT' }, target: 'RETURN' })],
+      forward: [spell({ connmark: accepted, target: 'ACCEPT' }), spell({ conntrack: { notState: 'DNAT' }, target: 'RETURN' })],
       noEndpoints: [],
-      sources: [formatRule({ ct: { notState: 'DNAT' }, target: 'RETURN' })],
+      sources: [spell({ conntrack: { notState: 'DNAT' }, target: 'RETURN' })],
     },
     // A connection keeps the mark for its life: once accepted it stays
     // accepted when its Service's source ranges shrink or the port goes, as
     // kube-proxy keeps established connections (conntrack ends them).
-    accept: [formatRule({ target: markTargets(marks).accept }), formatRule({ target: 'ACCEPT' })],
+    accept: [spell({ target: markTargets(marks).accept }), spell({ target: 'ACCEPT' })],
     canary: [CANARY_RULE],
     nat: [
-      { chain: 'PREROUTING', rule: formatRule({ target: SERVICES_CHAIN }) },
-      { chain: 'OUTPUT', rule: formatRule({ target: SERVICES_CHAIN }) },
-      { chain: 'POSTROUTING', rule: formatRule({ target: POSTROUTING_CHAIN }) },
+      { chain: 'PREROUTING', rule: spell({ target: SERVICES_CHAIN }) },
+      { chain: 'OUTPUT', rule: spell({ target: SERVICES_CHAIN }) },
+      { chain: 'POSTROUTING', rule: spell({ target: POSTROUTING_CHAIN }) },
     ],
     filter: [
-      { chain: 'INPUT', rule: formatRule({ ct: { state: 'NEW' }, target: SOURCES_CHAIN }) },
-      { chain: 'INPUT', rule: formatRule({ ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
-      { chain: 'FORWARD', rule: formatRule({ target: FORWARD_CHAIN }) },
-      { chain: 'OUTPUT', rule: formatRule({ ct: { state: 'NEW' }, target: SOURCES_CHAIN }) },
-      { chain: 'OUTPUT', rule: formatRule({ ct: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
+      { chain: 'INPUT', rule: spell({ conntrack: { state: 'NEW' }, target: SOURCES_CHAIN }) },
+      { chain: 'INPUT', rule: spell({ conntrack: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
+      { chain: 'FORWARD', rule: spell({ target: FORWARD_CHAIN }) },
+      { chain: 'OUTPUT', rule: spell({ conntrack: { state: 'NEW' }, target: SOURCES_CHAIN }) },
+      { chain: 'OUTPUT', rule: spell({ conntrack: { state: 'NEW' }, target: NOENDPOINTS_CHAIN }) },
     ],
   };
   fixedRulesCache.set(key, fixed);

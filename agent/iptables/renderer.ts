@@ -19,6 +19,7 @@ import {
   sameStrings,
   treeTable,
   TREES,
+  type FixedRules,
   type GroupTree,
   type MarkBits,
   type ServedRules,
@@ -123,70 +124,17 @@ class IncrementalRenderer {
   update(model: FamilyModel, changes?: PortChanges): Ruleset {
     if (model.family !== this.family) throw new Error(`a ${model.family} model for the ${this.family} renderer`);
     if (model === this.model && this.ruleset) return this.ruleset;
-    const { marks } = this.config;
-    const fixed = fixedRules(marks);
-    const before = this.model?.ports ?? [];
+    const fixed = fixedRules(this.config.marks);
     // Both sorted by key (the model's order); anything else is not a model
     // this bookkeeping can follow.
-    const diff = portChanges(before, model, changes);
+    const diff = portChanges(this.model?.ports ?? [], model, changes);
     if (!diff) throw new Unexpected('served ports not sorted by key');
-    const { removed, added } = diff;
 
     const edits = perTree(() => new Map<Group, GroupEdit>());
     this.lastEdit = {};
-    const retired: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
-    for (const served of removed) {
-      // Rendered again to learn where it was: cheaper than keeping every
-      // served port's rules for the few that go.
-      const r = servedRules(served, this.family, marks);
-      for (const c of r.own) {
-        retired[c.table].set(c.name, this.own[c.table].get(c.name)!);
-        this.own[c.table].delete(c.name);
-      }
-      for (const tree of TREES) {
-        if (!r.trees[tree]) continue;
-        for (const f of served.frontends) this.edit(edits[tree], tree, f.address, served.protocol).drop.add(f.port);
-      }
-    }
-    // Indexed loops: on a cold sync this runs for every served port (see model.ts).
-    const prepared = this.prepared;
-    this.prepared = undefined;
-    for (let p = 0; p < added.length; p++) {
-      const served = added[p]!;
-      const r = prepared?.get(served) ?? renderPort(served, this.family, marks);
-      for (let k = 0; k < r.own.length; k++) {
-        const c = r.own[k]!;
-        if (this.own[c.table].has(c.name)) throw new Unexpected(`chain ${c.name} twice`);
-        // The same rules under the same name (the served port changed elsewhere)
-        // keep the array the applier last wrote.
-        const old = retired[c.table].get(c.name);
-        this.own[c.table].set(c.name, old && sameStrings(old, c.rules) ? old : c.rules);
-      }
-      for (let t = 0; t < TREES.length; t++) {
-        const tree = TREES[t]!;
-        const entries = r.entries[tree];
-        if (!entries) continue;
-        for (let k = 0; k < entries.length; k++) this.edit(edits[tree], tree, served.frontends[k]!.address, served.protocol).add.push(entries[k]!);
-      }
-    }
-
-    const first = this.model === undefined;
-    for (const tree of TREES) {
-      if (edits[tree].size === 0 && !first) continue;
-      const groups = this.groups[tree];
-      for (const [g, edit] of edits[tree]) {
-        const { entries, changedPorts } = mergeEntries(g.entries, edit, g.tree !== undefined);
-        g.entries = entries;
-        if (entries.length === 0) {
-          groups.delete(`${g.address}|${g.protocol}`);
-          continue;
-        }
-        g.tree = buildGroupTree(tree, this.family, marks, g.address, g.protocol, entries, g.tree && { tree: g.tree, changedPorts });
-      }
-      const root: string[] = [...fixed.heads[tree]];
-      for (const g of [...groups.values()].sort(compareGroups)) for (const rule of g.tree!.root) root.push(rule);
-      if (first || !sameStrings(this.roots[tree], root)) this.roots[tree] = root;
-    }
+    const retired = this.retire(diff.removed, edits);
+    this.admit(diff.added, edits, retired);
+    this.rebuildTrees(edits, fixed, this.model === undefined);
 
     const chains: Record<TableName, [string, string[]][]> = { nat: [...this.own.nat], filter: [...this.own.filter] };
     for (const tree of TREES) {
@@ -203,6 +151,70 @@ class IncrementalRenderer {
       sources: this.roots.sources,
       chains,
     }));
+  }
+
+  /** Takes the removed served ports out: their own chains (returned by table, for admit() to reuse) and their tree entries (into `edits`). */
+  private retire(removed: readonly ServedPort[], edits: Record<TreeName, Map<Group, GroupEdit>>): Record<TableName, Map<string, string[]>> {
+    const retired: Record<TableName, Map<string, string[]>> = { nat: new Map(), filter: new Map() };
+    for (const served of removed) {
+      // Rendered again to learn where it was: cheaper than keeping every
+      // served port's rules for the few that go.
+      const r = servedRules(served, this.family, this.config.marks);
+      for (const c of r.own) {
+        retired[c.table].set(c.name, this.own[c.table].get(c.name)!);
+        this.own[c.table].delete(c.name);
+      }
+      for (const tree of TREES) {
+        if (!r.trees[tree]) continue;
+        for (const f of served.frontends) this.edit(edits[tree], tree, f.address, served.protocol).drop.add(f.port);
+      }
+    }
+    return retired;
+  }
+
+  /** Puts the added served ports in: their own chains, and their tree entries (into `edits`). */
+  private admit(added: readonly ServedPort[], edits: Record<TreeName, Map<Group, GroupEdit>>, retired: Record<TableName, Map<string, string[]>>): void {
+    // Indexed loops: on a cold sync this runs for every served port (see model.ts).
+    const prepared = this.prepared;
+    this.prepared = undefined;
+    for (let p = 0; p < added.length; p++) {
+      const served = added[p]!;
+      const r = prepared?.get(served) ?? renderPort(served, this.family, this.config.marks);
+      for (let k = 0; k < r.own.length; k++) {
+        const c = r.own[k]!;
+        if (this.own[c.table].has(c.name)) throw new Unexpected(`chain ${c.name} twice`);
+        // The same rules under the same name (the served port changed elsewhere)
+        // keep the array the applier last wrote.
+        const old = retired[c.table].get(c.name);
+        this.own[c.table].set(c.name, old && sameStrings(old, c.rules) ? old : c.rules);
+      }
+      for (let t = 0; t < TREES.length; t++) {
+        const tree = TREES[t]!;
+        const entries = r.entries[tree];
+        if (!entries) continue;
+        for (let k = 0; k < entries.length; k++) this.edit(edits[tree], tree, served.frontends[k]!.address, served.protocol).add.push(entries[k]!);
+      }
+    }
+  }
+
+  /** Rebuilds the trees of the groups `edits` reaches, and each tree's root chain (all of them on the first update). */
+  private rebuildTrees(edits: Record<TreeName, Map<Group, GroupEdit>>, fixed: FixedRules, first: boolean): void {
+    for (const tree of TREES) {
+      if (edits[tree].size === 0 && !first) continue;
+      const groups = this.groups[tree];
+      for (const [g, edit] of edits[tree]) {
+        const { entries, changedPorts } = mergeEntries(g.entries, edit, g.tree !== undefined);
+        g.entries = entries;
+        if (entries.length === 0) {
+          groups.delete(`${g.address}|${g.protocol}`);
+          continue;
+        }
+        g.tree = buildGroupTree(tree, this.family, this.config.marks, g.address, g.protocol, entries, g.tree && { tree: g.tree, changedPorts });
+      }
+      const root: string[] = [...fixed.heads[tree]];
+      for (const g of [...groups.values()].sort(compareGroups)) for (const rule of g.tree!.root) root.push(rule);
+      if (first || !sameStrings(this.roots[tree], root)) this.roots[tree] = root;
+    }
   }
 
   /** Per tree, the group edit of the previous edit() call in this update: consecutive served ports mostly share a group. */

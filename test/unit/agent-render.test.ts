@@ -7,7 +7,8 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { parseAddress, parseCidr, type FamilyModel, type ServedPort } from '../../agent/engine/model.ts';
 import { chainName } from '../../agent/names.ts';
-import { ACCEPT_CHAIN, affinityListName, CANARY_CHAIN, CANARY_RULE, MAX_CHAIN_NAME, probability, saveString, TABLES, type Ruleset } from '../../agent/iptables/render.ts';
+import { ACCEPT_CHAIN, affinityListName, CANARY_CHAIN, CANARY_RULE, MAX_CHAIN_NAME, TABLES, type Ruleset } from '../../agent/iptables/render.ts';
+import { probability, saveString } from '../../agent/iptables/rule.ts';
 import { CLIENT, MARKS, PROTO_NUMBERS, corrupt, corruptionArb, destinations, dnatText, toInput, walk, worldArb, type Packet, type World } from './agent-fixtures.ts';
 import { buildModel, renderRuleset } from '../support/oracle.ts';
 
