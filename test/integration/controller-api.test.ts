@@ -5,21 +5,17 @@
 // cost it a full allocation each, or writing a backlog would be bound by
 // allocations instead of by the API server; and its Events wait for the
 // status writes to pause, without being lost on a graceful stop.
-import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
-import { execa, type ResultPromise } from 'execa';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { AGENT_LEASE_LABEL, AGENT_LEASE_LABEL_VALUE, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, LEASE_NODE, agentLeaseName } from '../../lib/contract.ts';
 import { LeaseRenewer } from '../../lib/lease.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
-import { atExit } from '../support/cleanup.ts';
 import { Fleet, StatusWatch } from '../support/fleet.ts';
 import { lbService, node } from '../support/objects.ts';
-import { freePort } from '../support/ports.ts';
+import { startController as startControllerProcess, type ControllerRun } from '../support/controller.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const NS = 'shop';
 const BACKLOG_NS = 'backlog';
 const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
@@ -28,12 +24,7 @@ const NODES = [
   { name: 'n2', v4: '198.51.100.12' },
 ];
 
-interface Running {
-  proc: ResultPromise;
-  port: number;
-  log: () => string;
-  exited: () => boolean;
-}
+type Running = ControllerRun;
 
 describe('controller and the API server', () => {
   let cp: ControlPlane;
@@ -42,31 +33,9 @@ describe('controller and the API server', () => {
   let current: Running | undefined;
   const renewers: LeaseRenewer[] = [];
 
-  async function startController(): Promise<Running> {
-    const port = await freePort();
-    let log = '';
-    let exited = false;
-    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, CLI, 'controller',
-      '--kubeconfig', cp.adminKubeconfigPath, '--leader-elect=false', '--health-address', '127.0.0.1', '--health-port', String(port), '--log-level', 'info',
-    ], { reject: false, stdin: 'ignore' });
-    void proc.then(() => (exited = true));
-    proc.stderr?.on('data', (d: Buffer) => (log = (log + d.toString()).slice(-20_000)));
-    atExit(() => proc.kill('SIGKILL'));
-    await eventually('controller ready', async () => (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.ok, { timeoutMs: 30_000 });
-    return { proc, port, log: () => log, exited: () => exited };
-  }
-
-  async function stopController(r: Running): Promise<void> {
-    r.proc.kill('SIGTERM');
-    await r.proc;
-  }
-
-  async function metric(r: Running, name: string): Promise<number> {
-    const text = await (await fetch(`http://127.0.0.1:${r.port}/metrics`)).text();
-    let n = 0;
-    for (const line of text.split('\n')) if (line.startsWith(name)) n += Number(line.slice(line.lastIndexOf(' ') + 1));
-    return n;
-  }
+  const startController = () => startControllerProcess(cp.adminKubeconfigPath, ['--leader-elect=false', '--log-level', 'info']);
+  const stopController = (r: Running) => r.stop();
+  const metric = (r: Running, name: string) => r.metric(name);
 
   beforeAll(async () => {
     cp = await startControlPlane();

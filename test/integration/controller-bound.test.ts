@@ -2,10 +2,8 @@
 // server, with deploy/'s permissions: each Service lists at most two of six
 // nodes; a node going NotReady rewrites only the Services that listed it; a
 // restarted controller and the node's return move nothing.
-import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions, type V1Service } from '@kubernetes/client-node';
-import { execa, type ResultPromise } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   AGENT_LEASE_LABEL,
@@ -18,13 +16,11 @@ import {
 } from '../../lib/contract.ts';
 import { LeaseRenewer } from '../../lib/lease.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
-import { atExit } from '../support/cleanup.ts';
 import { lbService, node } from '../support/objects.ts';
-import { freePort } from '../support/ports.ts';
+import { startController as startControllerProcess, type ControllerRun } from '../support/controller.ts';
 import { apply, render } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'bound';
 const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
@@ -38,28 +34,14 @@ describe('pier controller --max-addresses against a real API server', () => {
   let eventsApi: EventsV1Api;
   let kubeconfig: string;
   const renewers: LeaseRenewer[] = [];
-  let controller: { proc: ResultPromise; log: () => string } | undefined;
+  let controller: ControllerRun | undefined;
 
   async function startController(): Promise<void> {
-    const port = await freePort();
-    let log = '';
-    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, CLI, 'controller',
-      '--kubeconfig', kubeconfig,
-      '--leader-elect=false',
-      '--max-addresses', '2',
-      '--resync-period', '2s',
-      '--health-address', '127.0.0.1',
-      '--health-port', String(port),
-      '--log-level', 'info',
-    ], { reject: false, stdin: 'ignore' });
-    proc.stderr?.on('data', (d: Buffer) => (log += d.toString()));
-    controller = { proc, log: () => log };
-    await eventually('controller ready', async () => (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.ok, { timeoutMs: 30_000 });
+    controller = await startControllerProcess(kubeconfig, ['--leader-elect=false', '--max-addresses', '2', '--resync-period', '2s', '--log-level', 'info']);
   }
 
   async function stopController(): Promise<void> {
-    controller?.proc.kill('SIGTERM');
-    expect((await controller?.proc)?.exitCode, controller?.log()).toBe(0);
+    await controller?.stop();
     controller = undefined;
   }
 
@@ -91,7 +73,6 @@ describe('pier controller --max-addresses against a real API server', () => {
       r.start();
       renewers.push(r);
     }
-    atExit(() => controller?.proc.kill('SIGKILL'));
     await startController();
   });
 

@@ -3,7 +3,6 @@
 // Services and EndpointSlices are written by the test, as kubelets, agents
 // and users would; the controller writes statuses. Then restarts, a steady
 // period, and two replicas handing leadership over.
-import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
   CoordinationV1Api,
@@ -16,7 +15,6 @@ import {
   type V1LoadBalancerIngress,
   type V1Service,
 } from '@kubernetes/client-node';
-import { execa, type ResultPromise } from 'execa';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
   AGENT_LEASE_LABEL,
@@ -36,11 +34,10 @@ import { LeaseRenewer } from '../../lib/lease.ts';
 import { ensureNamespace, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { atExit } from '../support/cleanup.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
-import { freePort } from '../support/ports.ts';
+import { startController as startControllerProcess, type ControllerRun } from '../support/controller.ts';
 import { apply, render } from '../support/deploy.ts';
 import { eventually } from '../support/wait.ts';
 
-const CLI = fileURLToPath(new URL('../../cmd/cli.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'shop';
 const RACE = 'race';
@@ -57,11 +54,8 @@ const NODES = [
 ];
 type TestNode = (typeof NODES)[number];
 
-interface Running {
+interface Running extends ControllerRun {
   id: string;
-  proc: ResultPromise;
-  port: number;
-  log: () => string;
 }
 
 describe('pier controller against a real API server', () => {
@@ -80,51 +74,24 @@ describe('pier controller against a real API server', () => {
   // Harness
 
   async function startController(id: string, extra: string[] = []): Promise<Running> {
-    const port = await freePort();
-    let log = '';
-    // setpriv: the controller dies with this test process, even a killed one.
-    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, CLI, 'controller',
-      '--kubeconfig', kubeconfig,
+    const run = await startControllerProcess(kubeconfig, [
       '--leader-elect-id', id,
       '--leader-elect-lease-duration', `${LEASE_MS}ms`,
       '--leader-elect-renew-deadline', '3s',
       '--leader-elect-retry-period', `${RETRY_MS}ms`,
       '--resync-period', '2s',
-      '--health-address', '127.0.0.1',
-      '--health-port', String(port),
       '--log-level', 'debug',
       ...extra,
-    ], { reject: false, stdin: 'ignore' });
-    proc.stderr?.on('data', (d: Buffer) => (log += d.toString()));
-    const r: Running = { id, proc, port, log: () => log };
+    ]);
+    const r: Running = { ...run, id };
     controllers.add(r);
-    void proc.then(() => controllers.delete(r));
-    await eventually(`controller ${id} ready`, async () => (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.ok, { timeoutMs: 30_000 });
+    void run.proc.then(() => controllers.delete(r));
     return r;
   }
 
-  async function stopController(r: Running, signal: 'SIGTERM' | 'SIGKILL' = 'SIGTERM'): Promise<void> {
-    r.proc.kill(signal);
-    const res = await r.proc;
-    if (signal === 'SIGTERM') expect(res.exitCode, r.log()).toBe(0);
-  }
-
-  /** The controller's metrics, as `name{labels}` -> value. */
-  async function metrics(r: Running): Promise<Map<string, number>> {
-    const text = await (await fetch(`http://127.0.0.1:${r.port}/metrics`)).text();
-    const out = new Map<string, number>();
-    for (const line of text.split('\n')) {
-      if (!line.startsWith('pier_controller_')) continue;
-      const at = line.lastIndexOf(' ');
-      out.set(line.slice(0, at), Number(line.slice(at + 1)));
-    }
-    return out;
-  }
-  const writes = async (r: Running) => {
-    let n = 0;
-    for (const [k, v] of await metrics(r)) if (k.startsWith('pier_controller_status_writes_total')) n += v;
-    return n;
-  };
+  const stopController = (r: Running, signal: 'SIGTERM' | 'SIGKILL' = 'SIGTERM') => r.stop(signal);
+  const metrics = (r: Running) => r.metrics();
+  const writes = (r: Running) => r.metric('pier_controller_status_writes_total');
   const leaderOf = async () => (await coordination.readNamespacedLease({ name: LEADER_LEASE_NAME, namespace: SYSTEM })).spec?.holderIdentity;
 
   function agentLease(n: TestNode): LeaseRenewer {
