@@ -7,6 +7,12 @@ import { createLogger } from '../lib/log.ts';
 import { Agent, type AgentConfig } from '../agent/agent.ts';
 import { BACKEND_OPTION, IPTABLES_FLAVOUR_OPTION, MARK_OPTIONS, markBitsOf } from './options.ts';
 
+// Like the kubelet's node Lease (renew 10 s, valid 40 s): 5,000 agents write
+// 500 renewals/s, no more than the kubelets do, and a dead node's addresses
+// are withdrawn within 40 s, about when Kubernetes marks the node NotReady.
+export const AGENT_LEASE_DURATION_MS = 40_000;
+export const AGENT_LEASE_RENEW_MS = 10_000;
+
 export const AGENT_SPEC: CommandSpec = {
   name: 'agent',
   summary: "pier agent: program this node's iptables for the LoadBalancer Services assigned to it",
@@ -27,8 +33,8 @@ export const AGENT_SPEC: CommandSpec = {
     { name: 'resync-period', type: 'duration', default: 30_000, min: 1000, help: 'verifying sync (sysctls, pier chains and jumps read back and healed) at least this often' },
     { name: 'health-address', type: 'string', default: '0.0.0.0', help: 'address for /healthz, /readyz and /metrics' },
     { name: 'health-port', type: 'int', default: 10265, min: 0, max: 65535, help: 'port for /healthz, /readyz and /metrics (0 picks a free one)' },
-    { name: 'lease-duration', type: 'duration', default: 20_000, min: 1000, help: 'how long the Lease stays valid without renewal' },
-    { name: 'lease-renew-interval', type: 'duration', default: 5000, min: 100, help: 'how often the Lease is renewed' },
+    { name: 'lease-duration', type: 'duration', default: AGENT_LEASE_DURATION_MS, min: 1000, help: 'how long the Lease stays valid without renewal' },
+    { name: 'lease-renew-interval', type: 'duration', default: AGENT_LEASE_RENEW_MS, min: 100, help: 'how often the Lease is renewed' },
     LOG_LEVEL_OPTION,
   ],
 };

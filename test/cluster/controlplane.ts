@@ -472,3 +472,28 @@ export function readIfExists(file: string): string {
 export function tail(text: string, lines: number): string {
   return text.trimEnd().split('\n').slice(-lines).join('\n');
 }
+
+/** The API server's own /metrics, apiserver_request_total summed by verb and resource. */
+export async function apiserverRequests(cp: ControlPlane): Promise<Map<string, number>> {
+  const token = cp.admin.getCurrentUser()?.token ?? '';
+  const url = new URL(`${cp.server}/metrics`);
+  const text = await new Promise<string>((resolve, reject) => {
+    const req = request(url, { ca: cp.caPem, headers: { authorization: `Bearer ${token}` }, timeout: 30_000 }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
+      res.on('error', reject);
+    });
+    req.on('timeout', () => req.destroy(new Error('metrics timeout')));
+    req.on('error', reject);
+    req.end();
+  });
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('apiserver_request_total{')) continue;
+    const labels = Object.fromEntries([...line.matchAll(/(\w+)="([^"]*)"/g)].map((m) => [m[1]!, m[2]!]));
+    const key = `${labels['verb']} ${labels['resource'] || '(non-resource)'}${labels['subresource'] ? `/${labels['subresource']}` : ''}`;
+    out.set(key, (out.get(key) ?? 0) + Number(line.slice(line.lastIndexOf(' ') + 1)));
+  }
+  return out;
+}
