@@ -1,7 +1,9 @@
 // node --expose-gc bench/allocate.ts — the controller's allocation alone, a
 // pure function, on synthetic clusters: no API server, no timing asserted
 // anywhere. Prints the median of a few runs per case, and what a Service's
-// status weighs.
+// status weighs; then reallocate(), the incremental allocation the
+// controller runs, after one change of the large cluster, with how many
+// Services it re-judged.
 //
 //   PIER_BENCH_NODES=5000            nodes of the large cluster (dual-stack, each with a fresh agent Lease)
 //   PIER_BENCH_SERVICES=10000        Services (8 in 10 Cluster IPv4, 1 in 10 dual-stack, 1 in 10 Local with 3 endpoint nodes)
@@ -113,7 +115,8 @@ function cluster(nodes: number, services: V1Service[], k: number): AllocateInput
 
 function changed(a: Allocation, b: Allocation): number {
   let n = 0;
-  for (const [key, x] of a.services) if (JSON.stringify(x) !== JSON.stringify(b.services.get(key))) n++;
+  for (const [key, x] of a.services) if (x !== b.services.get(key) && JSON.stringify(x) !== JSON.stringify(b.services.get(key))) n++;
+  for (const key of b.services.keys()) if (!a.services.has(key)) n++;
   return n;
 }
 
@@ -143,6 +146,35 @@ async function main(): Promise<void> {
     process.stdout.write(`  Services changed by the node's loss: ${changed(again, after)}; Services that listed it: ${listed}\n`);
     const sizes = [...first.services.values()].map((a) => JSON.stringify({ ingress: a.ingress }).length);
     process.stdout.write(`  status.loadBalancer per Service: max ${Math.max(...sizes)} bytes of JSON, ingress entries max ${Math.max(...[...first.services.values()].map((a) => a.ingress.length))}\n`);
+    if (allocate !== current.allocate) continue;
+
+    // The same changes, re-judging only what they affect, from the state of the run before.
+    process.stdout.write(`\nreallocate(), ${NODES} nodes, from the state of the restart's allocation\n`);
+    const from = (prev: current.AllocatorState | undefined) => {
+      let rejudged = 0;
+      const run = (input: AllocateInput) => {
+        const out = current.reallocate(input, prev);
+        rejudged = out.rejudged;
+        return out;
+      };
+      return { run, rejudged: () => rejudged };
+    };
+    const cold = from(undefined);
+    const settled = time(`no state (a cold start)`, cold.run, restarted) as current.Reallocation;
+    process.stdout.write(`  re-judged ${cold.rejudged()}; equal to allocate(): ${changed(settled, again) === 0}\n`);
+    const unchanged = from(settled.state);
+    time('nothing changed', unchanged.run, restarted);
+    process.stdout.write(`  re-judged ${unchanged.rejudged()}\n`);
+    const loss = from(settled.state);
+    const lostOut = time('one node NotReady', loss.run, lost) as current.Reallocation;
+    process.stdout.write(`  re-judged ${loss.rejudged()}; Services changed: ${changed(again, lostOut)}; equal to allocate(): ${changed(lostOut, after) === 0}\n`);
+    const back = from(lostOut.state);
+    const backOut = time('the node Ready again', back.run, restarted) as current.Reallocation;
+    process.stdout.write(`  re-judged ${back.rejudged()}; Services changed: ${changed(lostOut, backOut)}; equal to allocate(): ${changed(backOut, again) === 0}\n`);
+    const added = { ...restarted, services: [...restarted.services, service(SERVICES)] };
+    const add = from(settled.state);
+    const addOut = time('one Service added', add.run, added) as current.Reallocation;
+    process.stdout.write(`  re-judged ${add.rejudged()}; equal to allocate(): ${changed(addOut, allocate(added)) === 0}\n`);
   }
 }
 

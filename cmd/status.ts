@@ -10,7 +10,7 @@ import { chooseSelection, type ChosenSelection } from '../lib/cluster-settings.t
 import { DEFAULT_NAMESPACE, LEADER_LEASE_NAME, LOAD_BALANCER_CLASS } from '../lib/contract.ts';
 import { KubeConfigError, loadKubeConfig, requestOptions } from '../lib/kube.ts';
 import { apiStatus } from '../lib/lease.ts';
-import { defaultAllocatorConfig } from '../controller/allocate.ts';
+import { DEFAULT_MAX_ADDRESSES, defaultAllocatorConfig, parseMaxAddresses } from '../controller/allocate.ts';
 import { CONTROLLER_SPEC } from './controller.ts';
 import { buildStatusReport, formatJson, formatTable, LEASE_JUDGEMENT, type StatusInput } from '../controller/status-report.ts';
 
@@ -30,6 +30,10 @@ export const STATUS_SPEC: CommandSpec = {
     { name: 'output', type: 'enum', values: ['table', 'json'], default: 'table', env: null, help: 'a table for people, or JSON for scripts (-o)' },
     { ...controllerOption('default-class'), help: "count LoadBalancer Services without a loadBalancerClass as pier's (default: as the controller's Lease says)" },
     { ...controllerOption('default-pool'), help: "pool of Services and Nodes that name none (default: as the controller's Lease says)" },
+    {
+      ...controllerOption('max-addresses'),
+      help: 'the controller\'s K, addresses per Service and family, to judge which eligible nodes a Service does not list (default: as the controller\'s Lease says)',
+    },
     { name: 'pier-namespace', type: 'string', default: DEFAULT_NAMESPACE, env: 'PIER_NAMESPACE', help: "pier's namespace, where the agent Leases and the controller's Lease are (the controller's --namespace)" },
     { name: 'request-timeout', type: 'duration', default: 30_000, min: 100, env: null, help: 'give up on an API request after this long' },
   ],
@@ -67,11 +71,15 @@ export async function runStatus(argv: string[], env = process.env): Promise<numb
     const read = await readCluster(kc, { namespace, pierNamespace, timeoutMs: v['request-timeout'] as number });
     const given = (name: string) => parsed.sources[name] !== 'default';
     chosen = chooseSelection({
-      given: { ...(given('default-class') ? { defaultClass: v['default-class'] as boolean } : {}), ...(given('default-pool') ? { defaultPool: v['default-pool'] as string } : {}) },
-      defaults: { defaultClass: v['default-class'] as boolean, defaultPool: v['default-pool'] as string },
+      given: {
+        ...(given('default-class') ? { defaultClass: v['default-class'] as boolean } : {}),
+        ...(given('default-pool') ? { defaultPool: v['default-pool'] as string } : {}),
+        ...(given('max-addresses') ? { maxAddresses: parseMaxAddresses(v['max-addresses']) } : {}),
+      },
+      defaults: { defaultClass: v['default-class'] as boolean, defaultPool: v['default-pool'] as string, maxAddresses: parseMaxAddresses(v['max-addresses']) ?? DEFAULT_MAX_ADDRESSES },
       lease: read.leases.find((l) => l.metadata?.name === LEADER_LEASE_NAME),
       leaseRef: `${pierNamespace}/${LEADER_LEASE_NAME}`,
-      needs: ['defaultClass', 'defaultPool'],
+      needs: ['defaultClass', 'defaultPool', 'maxAddresses'],
     });
     if (chosen.note) process.stderr.write(`pier status: ${chosen.note}\n`);
     input = {
@@ -82,6 +90,7 @@ export async function runStatus(argv: string[], env = process.env): Promise<numb
         defaultClass: chosen.defaultClass,
         defaultPool: chosen.defaultPool,
         agentNamespace: pierNamespace,
+        maxAddresses: chosen.maxAddresses,
       }),
     };
   } catch (err) {
@@ -91,7 +100,10 @@ export async function runStatus(argv: string[], env = process.env): Promise<numb
     }
     throw err;
   }
-  const report = { ...buildStatusReport(input), settings: { defaultClass: chosen.defaultClass, defaultPool: chosen.defaultPool, from: chosen.from } };
+  const report = {
+    ...buildStatusReport(input),
+    settings: { defaultClass: chosen.defaultClass, defaultPool: chosen.defaultPool, from: { defaultClass: chosen.from.defaultClass, defaultPool: chosen.from.defaultPool } },
+  };
   if (v['output'] === 'json') {
     process.stdout.write(formatJson(report));
   } else if (report.services.length === 0) {

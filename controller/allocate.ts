@@ -397,6 +397,8 @@ interface ServiceRequest {
   listed?: Set<string>;
   /** hashText(key), once a family has more than K eligible nodes. */
   hash?: number;
+  /** Set by reallocate() before choosing addresses: chooseAddresses records there what its choice read. */
+  deps?: AddressDeps;
   /** Per spec port, the external ports its status and annotation remember, best first. */
   remembered: number[][];
   warnings: Problem[];
@@ -683,8 +685,27 @@ function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pi
   }
 }
 
+/**
+ * What one Service's addresses were chosen from, so that reallocate() can
+ * tell which node changes may change them (see there). Over-approximate
+ * where exactness would cost: `anyNode` for small pools (every eligible node
+ * listed), Services that ask for addresses, and families without eligible
+ * nodes (whose message counts the whole cluster).
+ */
+interface AddressDeps {
+  anyNode: boolean;
+  /** Nodes whose change may change the choice: each ranked window's, and for Local every node with a serving endpoint. */
+  nodes: Set<string>;
+  /** Per family ranked over its whole pool: a node newly eligible there changes the choice if the window is not full or it ranks above the floor. */
+  windows: { family: Family; full: boolean; floorKey: number; floorName: string }[];
+}
+
 function chooseAddresses(request: ServiceRequest, cluster: Cluster, serving: Serving | undefined): void {
   const only = localNodes(request, cluster, serving);
+  const deps = request.deps;
+  // A serving node that becomes eligible (or stops) may switch Local's rule on or off in its family.
+  if (deps && request.local && serving) for (const family of request.families) for (const name of serving[family].keys()) deps.nodes.add(name);
+  if (deps && request.requested.length > 0) deps.anyNode = true;
   const eligible: Record<Family, readonly NodeView[]> = { ipv4: [], ipv6: [] };
   const tally: Record<Family, ReadonlyMap<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
   /** Where eligible[family] is a pool's whole list: its hashes are kept there, for every Service of the pool. */
@@ -740,6 +761,7 @@ function chooseAddresses(request: ServiceRequest, cluster: Cluster, serving: Ser
     for (const family of request.families) {
       for (const addr of chooseInFamily(request, family, eligible[family], pools[family], only[family])) chosen.set(addr.text, addr);
       if (eligible[family].length === 0) {
+        if (deps) deps.anyNode = true;
         request.addressCauses.push({ reason: REASONS.noEligibleNodes, message: `no node can serve ${FAMILY_NAME[family]} in pool ${JSON.stringify(request.pool)}, ${explain(family)}` });
       }
     }
@@ -807,10 +829,20 @@ function chooseInFamily(
   ready: ReadonlyMap<string, number> | undefined,
 ): Address[] {
   const k = request.maxAddresses;
-  if (eligible.length <= k) return eligible.map((n) => n.chosen[family]!);
+  const deps = request.deps;
+  if (eligible.length <= k) {
+    // Every eligible node of the pool is listed: any node may join. (Local's list is its serving nodes, already watched.)
+    if (deps && pool) deps.anyNode = true;
+    return eligible.map((n) => n.chosen[family]!);
+  }
   request.hash ??= hashText(request.key);
   const hashes = pool ? (pool.hashes ??= nameHashes(pool.nodes)) : nameHashes(eligible);
   const ranked = rankNodes(request.hash, eligible, hashes, Math.min(2 * k, eligible.length), ready);
+  if (deps) {
+    for (const node of ranked) deps.nodes.add(node.name);
+    const last = ranked[ranked.length - 1]!;
+    if (pool) deps.windows.push({ family, full: ranked.length >= 2 * k, floorKey: rendezvous(request.hash, hashText(last.name)), floorName: last.name });
+  }
   const listed = (request.listed ??= readListed(request.statusIngress));
   const out = new Map<string, Address>();
   for (const node of ranked) {
@@ -1222,6 +1254,206 @@ export function allocate(input: AllocateInput): Allocation {
   const byKey = new Map<string, ServiceAllocation>(invalid);
   for (const request of requests) byKey.set(request.key, result(request));
   return { services: new Map([...byKey].sort(([a], [b]) => compareText(a, b))) };
+}
+
+// ---------------------------------------------------------------------------
+// Re-judging only what changed
+
+/**
+ * What reallocate() keeps between runs: per Service what it last decided and
+ * from what, and how each node read. Plain data, never changed once made;
+ * each run returns a new one.
+ */
+export interface AllocatorState {
+  readonly config: AllocatorConfig;
+  /** Per node name, nodeSignature() of its view. */
+  readonly nodes: ReadonlyMap<string, string>;
+  /** Per pier Service key (and each that could not be read). */
+  readonly services: ReadonlyMap<string, Judged>;
+  /** Keys of `services` that were read, in (creationTimestamp, namespace/name) order. */
+  readonly ranked: readonly string[];
+  /** Keys of the allocation, in key order. */
+  readonly keys: readonly string[];
+}
+
+/** One Service as reallocate() last judged it. */
+interface Judged {
+  /**
+   * The object judged: another object (informer caches make one per change)
+   * is read again. Weakly held, so that the state keeps no replaced object
+   * alive (at 10,000 Services a backlog of writes replaces most of them
+   * before the next allocation); a collected one was replaced.
+   */
+  readonly svc: WeakRef<V1Service>;
+  readonly read?: Omit<ServiceRequest, 'rank'>;
+  /** When the Service could not be read: its whole allocation. */
+  readonly invalid?: ServiceAllocation;
+  /** servingSignature() of its EndpointSlices, for Local Services. */
+  readonly serving: string;
+  readonly addresses: Address[];
+  readonly addressCauses: Problem[];
+  readonly noEndpoints: Family[];
+  readonly hash?: number;
+  readonly deps?: AddressDeps;
+  /** portSignature() of the last run, and the result made with it. */
+  readonly ports: string;
+  readonly result?: ServiceAllocation;
+}
+
+export interface Reallocation extends Allocation {
+  state: AllocatorState;
+  /** Services whose addresses were chosen anew (the rest kept theirs unchanged). */
+  rejudged: number;
+}
+
+/**
+ * Beyond this many changed nodes in one run, every Service is re-judged:
+ * checking each changed node against every Service costs about 1/100 of
+ * judging every Service afresh.
+ */
+const MAX_CHANGED_NODES = 64;
+
+/**
+ * allocate(), re-judging only the Services a change can affect: equal to
+ * allocate(input) for any `previous` (the property tests hold it to that),
+ * and without one it judges everything. A Service's addresses are chosen
+ * again when the Service object or (Local) its serving endpoints changed, or
+ * a node it watched changed (AddressDeps: listed, in its ranked window of
+ * 2K, or a serving node), or a node became eligible in its pool and family
+ * with a rendezvous score above its window's floor (one score per Service
+ * and changed node, instead of ranking every node for every Service). Ports
+ * and conflicts are cross-Service and cheap: decided globally every run,
+ * exactly as allocate() does; a Service's result is made again only when its
+ * addresses or its ports' outcome changed, else the previous object is
+ * returned, so that callers can compare by identity.
+ */
+export function reallocate(input: AllocateInput, previous?: AllocatorState): Reallocation {
+  const config = input.config;
+  const prev = previous?.config === config ? previous : undefined;
+  const services = uniqueBy(input.services ?? [], serviceKey);
+  const cluster = clusterView(readNodes(input));
+  const serving = servingNodes(input.slices);
+  const nodePorts = readNodePorts(services);
+
+  const nodes = new Map(cluster.nodes.map((n) => [n.name, nodeSignature(n)]));
+  const changed: { name: string; view: NodeView | undefined; hash: number }[] = [];
+  if (prev) {
+    for (const [name, sig] of nodes) if (prev.nodes.get(name) !== sig) changed.push({ name, view: cluster.byName.get(name), hash: hashText(name) });
+    for (const name of prev.nodes.keys()) if (!nodes.has(name)) changed.push({ name, view: undefined, hash: hashText(name) });
+  }
+  const everything = !prev || changed.length > MAX_CHANGED_NODES;
+
+  const judged = new Map<string, Judged>();
+  const requests: ServiceRequest[] = [];
+  const rechosen = new Set<ServiceRequest>();
+  let reread = false;
+  for (const svc of services) {
+    if (!safely(() => isPierService(svc, config), false)) continue;
+    const key = safely(() => serviceKey(svc), '/');
+    const before = prev?.services.get(key);
+    let base: Judged | undefined = before?.svc.deref() === svc ? before : undefined;
+    if (base?.invalid) {
+      judged.set(key, base);
+      continue;
+    }
+    if (!base) {
+      reread = true;
+      try {
+        const read = readService(svc, config);
+        // The addresses its status lists, read now: the state keeps no part of the object.
+        read.listed = readListed(read.statusIngress);
+        read.statusIngress = undefined;
+        base = { svc: new WeakRef(svc), read, serving: '', addresses: [], addressCauses: [], noEndpoints: [], ports: '' };
+      } catch (err) {
+        const problem = { reason: REASONS.invalidService, message: `cannot read the Service: ${safely(() => String((err as Error)?.message ?? err), 'unknown error')}` };
+        judged.set(key, { svc: new WeakRef(svc), invalid: { ingress: [], condition: { status: 'False', ...problem }, problems: [problem] }, serving: '', addresses: [], addressCauses: [], noEndpoints: [], ports: '' });
+        continue;
+      }
+    }
+    const read = base.read!;
+    const servingNow = read.local ? servingSignature(serving.get(read.key)) : '';
+    const keep = base === before && !everything && !read.blocked && servingNow === base.serving && !affectedBy(base, changed);
+    const request: ServiceRequest = {
+      ...read,
+      rank: 0,
+      addresses: keep || read.blocked ? base.addresses : [],
+      addressCauses: keep || read.blocked ? base.addressCauses : [],
+      noEndpoints: keep || read.blocked ? base.noEndpoints : [],
+      external: [],
+      portErrors: new Map(),
+      conflicts: new Map(),
+    };
+    if (!keep && !read.blocked) {
+      request.deps = { anyNode: false, nodes: new Set(), windows: [] };
+      chooseAddresses(request, cluster, serving.get(read.key));
+      rechosen.add(request);
+    }
+    requests.push(request);
+    judged.set(key, rechosen.has(request) ? { ...base, serving: servingNow, addresses: request.addresses, addressCauses: request.addressCauses, noEndpoints: request.noEndpoints, hash: request.hash, deps: request.deps } : base);
+  }
+
+  // Ranks: the previous order while no Service was added, removed or read again.
+  const byKey = new Map(requests.map((r) => [r.key, r]));
+  let ranked: string[];
+  if (prev && !reread && prev.ranked.length === requests.length && prev.ranked.every((k) => byKey.has(k))) ranked = [...prev.ranked];
+  else ranked = requests.sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : compareText(a.key, b.key))).map((r) => r.key);
+  const ordered = ranked.map((k, rank) => Object.assign(byKey.get(k)!, { rank }));
+
+  assignExternalPorts(ordered, nodePorts, config);
+  resolveClaims(ordered, nodePorts, config);
+
+  const results = new Map<string, ServiceAllocation>();
+  for (const request of ordered) {
+    const j = judged.get(request.key)!;
+    const ports = portSignature(request);
+    const before = prev?.services.get(request.key);
+    const same = !rechosen.has(request) && before !== undefined && j.read === before.read && before.ports === ports && before.result !== undefined;
+    const out = same ? before.result! : result(request);
+    results.set(request.key, out);
+    if (!same) judged.set(request.key, { ...j, ports, result: out });
+  }
+  for (const [key, j] of judged) if (j.invalid) results.set(key, j.invalid);
+
+  const keys = prev && prev.keys.length === results.size && prev.keys.every((k) => results.has(k)) ? prev.keys : [...results.keys()].sort(compareText);
+  return {
+    services: new Map(keys.map((k) => [k, results.get(k)!])),
+    state: { config, nodes, services: judged, ranked, keys },
+    rejudged: rechosen.size,
+  };
+}
+
+/** Whether a change of these nodes may change the addresses `j` was given (see AddressDeps). */
+function affectedBy(j: Judged, changed: readonly { name: string; view: NodeView | undefined; hash: number }[]): boolean {
+  const deps = j.deps;
+  if (!deps || changed.length === 0) return false;
+  if (deps.anyNode) return true;
+  for (const node of changed) {
+    if (deps.nodes.has(node.name)) return true;
+    if (!node.view) continue;
+    for (const w of deps.windows) {
+      if (exclusion(node.view, j.read!, w.family, {}) !== undefined) continue;
+      if (!w.full) return true;
+      const key = rendezvous(j.hash!, node.hash);
+      if (key > w.floorKey || (key === w.floorKey && node.name < w.floorName)) return true;
+    }
+  }
+  return false;
+}
+
+/** Everything allocate() reads from a node's view. */
+function nodeSignature(n: NodeView): string {
+  return JSON.stringify([n.pool, n.ready, n.excluded, n.agent, n.forwarding.ipv4, n.forwarding.ipv6, n.chosen.ipv4?.text, n.chosen.ipv6?.text, [...n.all.ipv4], [...n.all.ipv6]]);
+}
+
+function servingSignature(s: Serving | undefined): string {
+  return s ? JSON.stringify([[...s.ipv4], [...s.ipv6]]) : '';
+}
+
+/** What result() reads from the cross-Service steps. */
+function portSignature(r: ServiceRequest): string {
+  const external = r.external.join(',');
+  if (r.portErrors.size === 0 && r.conflicts.size === 0) return external;
+  return JSON.stringify([external, [...r.portErrors], [...r.conflicts].map(([i, m]) => [i, [...m]])]);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,14 +1,16 @@
 // `pier controller`: watches Services, Nodes, EndpointSlices and agent
-// Leases; recomputes the allocation (allocate.ts) once per burst of changes,
-// because it is global; and has workers write, per Service, only what
-// differs (writes.ts). Every replica keeps its caches and allocation warm;
-// only the leader writes, so a standby takes over with nothing to load.
+// Leases; recomputes the allocation once per burst of changes, re-judging
+// only the Services the changes can affect (reallocate() in allocate.ts;
+// from scratch at start and at every resync); and has workers write, per
+// Service, only what differs (writes.ts). Every replica keeps its caches
+// and allocation warm; only the leader writes, so a standby takes over with
+// nothing to load.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, type KubeConfig, type V1Lease, type V1ObjectReference, type V1Service } from '@kubernetes/client-node';
 
 import { Coalescer } from '../lib/coalescer.ts';
 import { endpointSliceInformer, leaseInformer, nodeInformer, serviceInformer } from '../lib/collections.ts';
-import { LEADER_DEFAULT_CLASS, LEADER_DEFAULT_POOL, LEADER_LEASE_NAME, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, agentLeaseName } from '../lib/contract.ts';
+import { LEADER_DEFAULT_CLASS, LEADER_DEFAULT_POOL, LEADER_LEASE_NAME, LEADER_MAX_ADDRESSES, LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, agentLeaseName } from '../lib/contract.ts';
 import { EventRecorder } from '../lib/events.ts';
 import { startHealthServer } from '../lib/health.ts';
 import type { InformerEvent } from '../lib/informer.ts';
@@ -17,7 +19,7 @@ import { LeaderElector, type LeaderTimings } from '../lib/leader.ts';
 import { apiStatus, sightLease, sightedFreshUntil, type LeaseSighting } from '../lib/lease.ts';
 import type { Logger } from '../lib/log.ts';
 import { WorkQueue, runWorkers } from '../lib/workqueue.ts';
-import { allocate, serviceKey, type AllocatorConfig, type ServiceAllocation } from './allocate.ts';
+import { DEFAULT_MAX_ADDRESSES, formatMaxAddresses, reallocate, serviceKey, type AllocatorConfig, type AllocatorState, type ServiceAllocation } from './allocate.ts';
 import { controllerMetrics, type ControllerMetrics } from './metrics.ts';
 import {
   SERVICE_STATES,
@@ -92,6 +94,11 @@ export class Controller {
   /** Set when a term starts: the first allocation of the term learns which problems the last leader already reported. */
   private seedPending = false;
   private desired = new Map<string, ServiceAllocation>();
+  /** What the last allocation decided from, for the next to re-judge only what changed; undefined: judge everything. */
+  private allocatorState: AllocatorState | undefined;
+  /** Per Service, the resourceVersion and allocation queueWrites() last compared: the same pair again needs no second look. */
+  private compared = new Map<string, { version: string | undefined; desired: ServiceAllocation | undefined }>();
+  private comparedIpModeDropped = false;
   /** The resourceVersion of each Service the last allocation saw. */
   private allocatedVersion = new Map<string, string>();
   /** Per Service, the problems already reported as Events in this term. */
@@ -129,11 +136,12 @@ export class Controller {
     this.leases = leaseInformer(deps.kc, cfg.namespace, { log: this.log, backoff });
     const identity = cfg.leaderElection.identity;
     this.events = new EventRecorder({ kc: deps.kc, controller: REPORTING_CONTROLLER, instance: identity, log: this.log });
-    // Allocation is O(all Services): ~15 ms at 1,000, ~240 ms at 10,000 on a
-    // small cluster; where a pool has more nodes than a Service may list, it
-    // also ranks those nodes per Service (~1 s for 10,000 Services over 5,000
-    // nodes, bench/allocate.ts). While a burst of changes lasts it may take a
-    // quarter of the time, no more.
+    // A full allocation is O(all Services): ~15 ms at 1,000, ~240 ms at
+    // 10,000 on a small cluster; where a pool has more nodes than a Service
+    // may list, it also ranks those nodes per Service (~1 s for 10,000
+    // Services over 5,000 nodes, bench/allocate.ts). Re-judging what changed
+    // costs a fraction of that (bench/allocate.ts, reallocate()). While a
+    // burst of changes lasts it may take a quarter of the time, no more.
     this.coalescer = new Coalescer(() => this.allocateAll(), { minIntervalMs: cfg.minAllocateIntervalMs, merge: (a) => a, dutyCycle: ALLOCATE_DUTY_CYCLE });
     if (cfg.leaderElect) {
       this.elector = new LeaderElector({
@@ -148,6 +156,7 @@ export class Controller {
         annotations: {
           [LEADER_DEFAULT_CLASS]: String(cfg.allocator.defaultClass),
           [LEADER_DEFAULT_POOL]: cfg.allocator.defaultPool,
+          [LEADER_MAX_ADDRESSES]: formatMaxAddresses(cfg.allocator.maxAddresses ?? DEFAULT_MAX_ADDRESSES),
         },
         onStartedLeading: () => this.startLeading(),
         onStoppedLeading: () => this.stopLeading(),
@@ -190,7 +199,12 @@ export class Controller {
         this.log[retries === 0 ? 'warn' : 'debug']({ service: key, err: (err as Error)?.message ?? String(err), status: apiStatus(err), retries }, 'writing the Service failed; retrying with backoff'),
     });
     this.requestAllocation();
-    this.resyncTimer = setInterval(() => this.requestAllocation(), this.cfg.resyncPeriodMs);
+    // A resync judges everything from scratch: whatever the incremental
+    // allocation might have missed is corrected within one period.
+    this.resyncTimer = setInterval(() => {
+      this.allocatorState = undefined;
+      this.requestAllocation();
+    }, this.cfg.resyncPeriodMs);
     if (this.elector) this.elector.start();
     else this.startLeading();
     this.log.info(
@@ -285,18 +299,27 @@ export class Controller {
     const leases = this.agentLeases();
     const freshUntil = this.judgeLeases(leases, now);
     let allocation: Map<string, ServiceAllocation>;
+    const full = this.allocatorState === undefined;
+    let rejudged: number;
     try {
-      allocation = allocate({
-        services: [...services],
-        nodes: [...this.nodes.list()],
-        slices: [...this.slices.list()],
-        leases,
-        leaseFreshUntil: freshUntil,
-        now,
-        config: this.cfg.allocator,
-      }).services;
+      const out = reallocate(
+        {
+          services: [...services],
+          nodes: [...this.nodes.list()],
+          slices: [...this.slices.list()],
+          leases,
+          leaseFreshUntil: freshUntil,
+          now,
+          config: this.cfg.allocator,
+        },
+        this.allocatorState,
+      );
+      allocation = out.services;
+      this.allocatorState = out.state;
+      rejudged = out.rejudged;
     } catch (err) {
-      // allocate() is total by design; if it throws anyway, keep the last decision rather than write a wrong one.
+      // Allocation is total by design; if it throws anyway, keep the last decision rather than write a wrong one, and judge everything next time.
+      this.allocatorState = undefined;
       this.log.error({ err: (err as Error)?.stack ?? String(err) }, 'allocation failed; keeping the previous one');
       return;
     }
@@ -310,18 +333,32 @@ export class Controller {
     this.recordAllocationMetrics(allocation);
 
     if (!this.leading) return;
-    const queued = this.queueWrites(services, allocation);
-    this.log.debug({ services: allocation.size, queued, ms: Math.round(performance.now() - started) }, 'allocated');
+    const queued = this.queueWrites(services, allocation, full);
+    this.log.debug({ services: allocation.size, rejudged, full, queued, ms: Math.round(performance.now() - started) }, 'allocated');
   }
 
-  /** Queues each Service whose status, annotation or reported problems differ from the allocation. */
-  private queueWrites(services: readonly V1Service[], allocation: Map<string, ServiceAllocation>): number {
+  /**
+   * Queues each Service whose status, annotation or reported problems differ
+   * from the allocation. Only Services whose object or allocation changed
+   * since the last look are compared, unless `all`: a term's start, a full
+   * allocation, or ipMode found dropped, each of which may change the verdict
+   * for a pair already compared.
+   */
+  private queueWrites(services: readonly V1Service[], allocation: Map<string, ServiceAllocation>, all = true): number {
     const seeding = this.seedPending;
     this.seedPending = false;
+    const everything = all || seeding || this.comparedIpModeDropped !== this.ipModeDropped;
+    this.comparedIpModeDropped = this.ipModeDropped;
+    const compared = new Map<string, { version: string | undefined; desired: ServiceAllocation | undefined }>();
     let queued = 0;
     for (const svc of services) {
       const key = serviceKey(svc);
       const desired = allocation.get(key);
+      const version = svc.metadata?.resourceVersion;
+      const last = this.compared.get(key);
+      const same = version !== undefined && last?.version === version && last.desired === desired;
+      compared.set(key, same ? last : { version, desired });
+      if (!everything && same) continue;
       const problems = desired?.problems ?? [];
       const writes = hasWrites(serviceWork(svc, desired, { ipModeDropped: this.ipModeDropped }));
       // A status that already says what this allocation says was written by
@@ -336,6 +373,7 @@ export class Controller {
         queued++;
       }
     }
+    this.compared = compared;
     for (const key of this.reported.keys()) if (!this.allocatedVersion.has(key)) this.reported.delete(key);
     this.metrics.queueDepth.set(this.queue.length);
     return queued;

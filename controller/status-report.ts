@@ -69,7 +69,7 @@ export interface StatusReport {
   leases: string;
   services: ServiceReport[];
   /** Which Services counted as pier's, and where each setting came from (the command line, the controller's Lease, the default). */
-  settings?: Pick<ChosenSelection, 'defaultClass' | 'defaultPool' | 'from'>;
+  settings?: Pick<ChosenSelection, 'defaultClass' | 'defaultPool'> & { from: Pick<ChosenSelection['from'], 'defaultClass' | 'defaultPool'> };
 }
 
 const FAMILY_NAME: Record<Family, string> = { ipv4: 'IPv4', ipv6: 'IPv6' };

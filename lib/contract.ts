@@ -60,6 +60,12 @@ export const LEADER_LEASE_NAME = 'pier-controller';
  */
 export const LEADER_DEFAULT_CLASS = 'pier.dev/default-class';
 export const LEADER_DEFAULT_POOL = 'pier.dev/default-pool';
+/**
+ * Leader Lease annotation: the leader's --max-addresses (K), a positive
+ * integer or `all`, so that `pier status` says why an eligible node is not
+ * among a Service's addresses with the K the controller used.
+ */
+export const LEADER_MAX_ADDRESSES = 'pier.dev/max-addresses';
 
 /** Agent Lease: one per node, renewed by that node's agent. */
 export const agentLeaseName = (node: string) => `pier-agent-${node}`;

@@ -354,7 +354,7 @@ async function startControllers(bin: string, dir: string, pki: Pki, spawn: Spawn
     // server stopped for longer than this makes it mark every node NotReady
     // when it comes back, before the kubelets' renewals arrive, and pier then
     // rightly withdraws them. The real-node test stops the API server for
-    // longer than pier's agent Lease (20 s), and less than this.
+    // longer than the agent Lease it deploys pier with (20 s), and less than this.
     '--node-monitor-grace-period=40s',
   ]);
   const scheduler = await kubeconfig('kube-scheduler', 'system:kube-scheduler');

@@ -53,7 +53,10 @@ const CONFIG: ConfigValue[] = [
   { env: 'PIER_LOG_LEVEL', key: 'logLevel', expr: '.Values.logLevel | quote', str: String },
 ];
 /** Chart values for variables pier.env leaves to the programs' defaults: in the ConfigMap only when set. */
-const OPTIONAL_CONFIG = [{ env: 'PIER_BACKEND', key: 'backend' }];
+const OPTIONAL_CONFIG = [
+  { env: 'PIER_BACKEND', key: 'backend' },
+  { env: 'PIER_MAX_ADDRESSES', key: 'maxAddresses' },
+];
 
 /** Each file the chart is made of, and when Helm renders it. */
 const SOURCES: { from: string; to: string; when?: string }[] = [
