@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { execa, type ResultPromise } from 'execa';
 import { atExit } from '../test/support/cleanup.ts';
+import { controllerMetrics } from '../test/support/controller.ts';
 import { freePort } from '../test/support/ports.ts';
 import { bundleInto } from '../scripts/bundle.ts';
 import { ROOT } from './transpile.ts';
@@ -94,14 +95,7 @@ export class ControllerProcess {
 
   /** pier_controller_* samples as `name{labels}` -> value. */
   async metrics(): Promise<Map<string, number>> {
-    const text = await (await fetch(`http://127.0.0.1:${this.port}/metrics`)).text();
-    const out = new Map<string, number>();
-    for (const line of text.split('\n')) {
-      if (!line.startsWith('pier_controller_')) continue;
-      const at = line.lastIndexOf(' ');
-      out.set(line.slice(0, at), Number(line.slice(at + 1)));
-    }
-    return out;
+    return controllerMetrics(await (await fetch(`http://127.0.0.1:${this.port}/metrics`)).text());
   }
 
   /** Sum of every sample whose name starts with `prefix`. */

@@ -1,5 +1,6 @@
 // The demo the way a person runs it: as a process (demo/demo.ts, and
-// scripts/demo.sh signalled by its own pid), reading only what it prints (what
+// ./scripts/demo.sh read from README.md's set-up block and run as written,
+// signalled by its own pid), reading only what it prints (what
 // kubectl printed, who answered, where things were), then checking that it
 // left nothing behind: the lab's namespaces and host link, the control plane's
 // and the nodes' folders and processes.
@@ -8,12 +9,11 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { execa } from 'execa';
 import { describe, expect, it } from 'vitest';
-import { kubectlPath } from '../cluster/controlplane.ts';
 import { listLabNamespaces } from '../lab/lab.ts';
+import { runReadme, spawnReadme } from '../support/readme.ts';
 import { eventually } from '../support/wait.ts';
 
 const DEMO = fileURLToPath(new URL('../../demo/demo.ts', import.meta.url));
-const DEMO_SH = fileURLToPath(new URL('../../scripts/demo.sh', import.meta.url));
 const NODES_V4 = ['198.51.100.11', '198.51.100.12'];
 const NODES_V6 = ['2001:db8:0:1::11', '2001:db8:0:1::12'];
 // A cold build takes half an hour; the tests expect the caches warm (scripts/test.sh builds first).
@@ -120,17 +120,18 @@ describe('npm run demo', () => {
   // A user who started ./scripts/demo.sh signals that pid (kill -INT, or Ctrl-C
   // in a terminal, which reaches the whole process group): it must stop the demo.
   it('./scripts/demo.sh waits for Ctrl-C, prints what kubectl prints, and on SIGINT to its pid removes everything and exits 0', async () => {
+    // The README's `./scripts/demo.sh`, as written (bash execs it: the pid is the script's).
     // detached: a process group of its own, for the fallback below.
-    const demo = execa(DEMO_SH, [], { reject: false, timeout: TIMEOUT, detached: true });
+    const { child: demo } = await spawnReadme('setup-demo', { reject: false, timeout: TIMEOUT, detached: true });
     let stdout = '';
     demo.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     await eventually('the demo waiting for Ctrl-C', () => stdout.includes('Ctrl-C removes everything'), { timeoutMs: TIMEOUT, intervalMs: 200 });
     const printed = read(stdout);
     expectServed(printed, stdout);
 
-    // The Services as the real kubectl prints them now, cell for cell (AGE aside: time passed).
-    const kubectl = await execa(await kubectlPath(), ['--kubeconfig', printed.kubeconfig, 'get', 'svc', '-o', 'wide']);
-    const real = kubectl.stdout.split('\n').map((l) => l.trim().split(/\s+/));
+    // The Services as the real kubectl prints them now, run as the README's transcript writes it, cell for cell (AGE aside: time passed).
+    const [kubectl] = await runReadme('demo-get-svc', { kubeconfig: printed.kubeconfig });
+    const real = kubectl!.stdout.trimEnd().split('\n').map((l) => l.trim().split(/\s+/));
     const withoutAge = (rows: string[][]) => rows.map((r) => r.toSpliced(5, 1));
     expect(withoutAge(real)).toEqual(withoutAge(printed.services));
 

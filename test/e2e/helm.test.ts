@@ -7,27 +7,31 @@
 // controller and every agent) under steady clients on every node address
 // with no connection refused, reset or timed out, and `helm uninstall` with
 // the cleanup sweep (deploy/cleanup), after which no PIER chain and no pier
-// table is left on any node. One cluster for the whole file.
+// table is left on any node. One cluster for the whole file. The README's
+// commands (its "With Helm" block, `helm uninstall`, the cleanup sweep) are
+// read from README.md and run as written, with the additions the README
+// itself names (test/support/readme.ts lists them).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import type { V1Service } from '@kubernetes/client-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startCluster, type Cluster } from '../cluster/cluster.ts';
 import { CHART, CHART_VALUES, helm } from '../helm/tools.ts';
 import { describeTally, steadyClient, tally } from '../lab/steady.ts';
+import { runReadme } from '../support/readme.ts';
 import { eventually } from '../support/wait.ts';
 
-const DEPLOY = fileURLToPath(new URL('../../deploy/', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'default';
 
 describe('the Helm chart on real nodes', () => {
   let cluster: Cluster;
   let home: string;
-  /** The values every helm install and upgrade here passes: the kind values, the images as built here, the API server's own address. */
+  /** The values the README's helm install passes here (test/support/readme.ts), for helm upgrade: the kind values, the images loaded into the nodes, the API server's own address. */
   let values: string[];
+  /** How a README command reaches this cluster and this helm's own folders: environment, never its text. */
+  let readmeEnv: { kubeconfig: string; env: Record<string, string> };
 
   const run = (args: string[]) => helm(home, args, { kubeconfig: cluster.cp.adminKubeconfigPath });
   const client = () => cluster.lab.clients[0]!;
@@ -51,20 +55,20 @@ describe('the Helm chart on real nodes', () => {
   beforeAll(async () => {
     home = mkdtempSync(join(tmpdir(), 'pier-helm-e2e-'));
     cluster = await startCluster({ nodes: 2, proxyMode: 'iptables' });
-    const image = (name: string) => {
-      const i = name.lastIndexOf(':');
-      return { repository: name.slice(0, i), tag: name.slice(i + 1) };
-    };
-    const agent = image(cluster.images.names.agent);
-    const controller = image(cluster.images.names.controller);
+    const apiServer = new URL(cluster.cp.server).host;
+    // No registry here: the images built by buildah, imported into every node
+    // under the names the README's --set gives (pier/agent, pier/controller, the chart's version as tag).
+    expect([cluster.images.names.agent, cluster.images.names.controller]).toEqual(['docker.io/pier/agent:0.1.0', 'docker.io/pier/controller:0.1.0']);
     values = [
       '-f', join(CHART_VALUES, 'kind.yaml'),
-      // No registry here: the images built by buildah, imported into every node.
-      '--set', `agent.image.repository=${agent.repository}`, '--set', `agent.image.tag=${agent.tag}`,
-      '--set', `controller.image.repository=${controller.repository}`, '--set', `controller.image.tag=${controller.tag}`,
-      // The test cluster's API server is no kind-control-plane (README, "Configuration").
-      '--set', `agent.apiServer=${new URL(cluster.cp.server).host}`,
+      '--set', 'controller.image.repository=pier/controller', '--set', 'agent.image.repository=pier/agent',
+      // The test cluster's API server is no kind-control-plane (README, "Quick start on kind").
+      '--set', `agent.apiServer=${apiServer}`,
     ];
+    readmeEnv = {
+      kubeconfig: cluster.cp.adminKubeconfigPath,
+      env: { API_SERVER: apiServer, HELM_CACHE_HOME: `${home}/cache`, HELM_CONFIG_HOME: `${home}/config`, HELM_DATA_HOME: `${home}/data` },
+    };
   });
 
   afterAll(async () => {
@@ -73,11 +77,13 @@ describe('the Helm chart on real nodes', () => {
   });
 
   it('helm install into a namespace made as deploy/helm/README.md says: two controllers and an agent per node, ready; a LoadBalancer Service answered through pier', async () => {
-    await cluster.kubectl(['create', 'namespace', SYSTEM]);
-    await cluster.kubectl(['label', 'namespace', SYSTEM, 'pod-security.kubernetes.io/enforce=privileged']);
+    // The README's "With Helm" block: the namespace, its label, helm install (with the kind values and the images loaded into the nodes).
     const started = Date.now();
-    await run(['install', 'pier', CHART, '--namespace', SYSTEM, ...values, '--wait', '--timeout', '3m']);
-    console.log(`[helm] helm install --wait took ${Date.now() - started} ms`);
+    await runReadme('helm-install', readmeEnv);
+    await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'deployment/pier-controller', '--timeout=180s']);
+    await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'daemonset/pier-agent', '--timeout=180s']);
+    console.log(`[helm] helm install and the rollouts took ${Date.now() - started} ms`);
+    expect(JSON.parse(await run(['get', 'values', 'pier', '--namespace', SYSTEM, '-o', 'json']))).toMatchObject({ agent: { apiServer: new URL(cluster.cp.server).host, image: { repository: 'pier/agent' } }, controller: { image: { repository: 'pier/controller' } } });
     const out = await cluster.kubectl(['get', 'pods', '-n', SYSTEM, '-o', 'jsonpath={range .items[*]}{.metadata.labels.app\\.kubernetes\\.io/name} {.spec.nodeName} {.status.containerStatuses[0].ready}{"\\n"}{end}']);
     const pods = out.split('\n').filter(Boolean).map((l) => l.split(' '));
     expect(pods.filter(([app]) => app === 'pier-controller').map(([, , ready]) => ready)).toEqual(['true', 'true']);
@@ -141,8 +147,11 @@ describe('the Helm chart on real nodes', () => {
 
   it('helm uninstall stops pier and leaves its rules; the cleanup sweep (deploy/cleanup) then leaves no PIER chain and no pier table on any node', async () => {
     expect((await pierRules()).length).toBeGreaterThan(0);
-    await run(['uninstall', 'pier', '--namespace', SYSTEM, '--wait', '--timeout', '2m']);
-    expect(await cluster.kubectl(['get', 'all,configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets', '-n', SYSTEM, '-l', 'app.kubernetes.io/managed-by=Helm', '-o', 'name'])).toBe('');
+    // The README's `helm uninstall pier -n pier-system`, as written (no --wait: the pods may take a moment to go).
+    await runReadme('helm-uninstall', readmeEnv);
+    const helmObjects = () => cluster.kubectl(['get', 'all,configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets', '-n', SYSTEM, '-l', 'app.kubernetes.io/managed-by=Helm', '-o', 'name']);
+    await eventually('no object of the release left', async () => (await helmObjects()) === '', { timeoutMs: 120_000, intervalMs: 500 });
+    expect(await helmObjects()).toBe('');
     for (const kind of ['clusterroles', 'clusterrolebindings', 'validatingadmissionpolicies', 'validatingadmissionpolicybindings']) {
       expect(await cluster.kubectl(['get', kind, '-l', 'app.kubernetes.io/part-of=pier', '-o', 'name']), kind).toBe('');
     }
@@ -152,10 +161,9 @@ describe('the Helm chart on real nodes', () => {
     const [r] = await cluster.lab.probe(client(), cluster.lab.nodes[0]!.v4, 80, { timeoutMs: 1000 });
     expect(r?.ok).toBe(true);
 
-    await cluster.kubectl(['apply', '-k', join(DEPLOY, 'cleanup')]);
-    await cluster.kubectl(['-n', 'pier-cleanup', 'rollout', 'status', 'ds/pier-cleanup', '--timeout=120s']);
+    // Then the README's sweep, as written: apply deploy/cleanup, its rollout status, delete it.
+    await runReadme('helm-uninstall-sweep', readmeEnv);
     expect(await pierRules()).toEqual([]);
-    await cluster.kubectl(['delete', '-k', join(DEPLOY, 'cleanup'), '--timeout=120s']);
     await cluster.kubectl(['delete', 'namespace', SYSTEM, '--timeout=120s']);
   });
 });

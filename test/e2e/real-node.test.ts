@@ -2,8 +2,12 @@
 // bridge, kubelet, kube-proxy), a whole control plane (kube-apiserver,
 // kube-controller-manager, kube-scheduler), pier's images built from its
 // Dockerfiles by buildah and imported into the nodes, installed with the
-// README's own commands (`kubectl apply -k`, `kubectl expose`). Real pods
-// answer; the lab's client connects from its own namespace.
+// README's own commands, read from README.md and run as written
+// (test/support/readme.ts, which lists each substitution a test must make):
+// the kind quick start's `kubectl apply -k` and `rollout status`, its
+// Deployment `hello` exposed and reached with curl, `pier status`, `pier
+// trace`, and the uninstall. Real pods answer; the lab's client connects from
+// its own namespace.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,12 +18,14 @@ import { startCluster, type Cluster } from '../cluster/cluster.ts';
 import type { ProbeResult } from '../lab/lab.ts';
 import { describeTally, steadyClient as steady, tally } from '../lab/steady.ts';
 import { kindOverlay } from '../support/deploy.ts';
+import { runReadme } from '../support/readme.ts';
 import { eventually } from '../support/wait.ts';
 
-const DEPLOY = fileURLToPath(new URL('../../deploy/', import.meta.url));
 const UDP_FLOW = fileURLToPath(new URL('../lab/udp-flow.ts', import.meta.url));
 const SYSTEM = 'pier-system';
 const NS = 'default';
+/** The agents' Lease in this cluster (the default is 40 s): the API outage and an agent restart below outlast it. */
+const AGENT_LEASE_S = 20;
 
 describe('pier on real nodes, deployed as the README says', () => {
   let cluster: Cluster;
@@ -47,6 +53,29 @@ describe('pier on real nodes, deployed as the README says', () => {
    * they failed: refused, reset, timed out.
    */
   const steadyClient = (host: string, port: number, proto: 'tcp' | 'udp' = 'tcp') => steady(cluster.lab, client(), host, port, { proto, intervalMs: 20, timeoutMs: 3000 });
+  /**
+   * Service `name` (pods `app=<name>`, two): its status lists every node's
+   * address, in Proxy mode, and TCP to each node's `port` is answered by its
+   * pods. Returns the node addresses and the pods.
+   */
+  const expectServedOnEveryNode = async (name: string, port: number) => {
+    const nodeV4 = cluster.lab.nodes.map((n) => n.v4).sort();
+    const status = await eventually('the Service status to list both nodes', async () => {
+      const s = await svc(name);
+      return ingressIps(s).join() === nodeV4.join() ? s : undefined;
+    }, { timeoutMs: 30_000 });
+    expect(status.status?.loadBalancer?.ingress?.every((i) => i.ipMode === 'Proxy')).toBe(true);
+    const pods = await podNames(`app=${name}`);
+    expect(pods).toHaveLength(2);
+    for (const node of cluster.lab.nodes) {
+      const results = await eventually(`TCP answers on ${node.v4}:${port}`, async () => {
+        const r = await probe(node.v4, port, { count: 10 });
+        return r.every((x) => x.ok) ? r : undefined;
+      }, { timeoutMs: 20_000, intervalMs: 250 });
+      for (const pod of answeredBy(results)) expect(pods).toContain(pod);
+    }
+    return { nodeV4, pods };
+  };
   /** What went wrong, for assertions: every count that must be 0. */
   const failures = (rs: readonly ProbeResult[]) => {
     const { refused, reset, timeout, other } = tally(rs);
@@ -87,8 +116,15 @@ describe('pier on real nodes, deployed as the README says', () => {
   const work = mkdtempSync(join(tmpdir(), 'pier-real-node-'));
   beforeAll(async () => {
     cluster = await startCluster({ nodes: 2, proxyMode: 'iptables' });
-    // The kind overlay as the README has users adapt it: the agents given the API server's own address.
+    // The README's kind quick start, as written: `kubectl apply -k deploy/overlays/kind`, then its rollout status.
+    await runReadme('kind-install', { kubeconfig: cluster.cp.adminKubeconfigPath });
+    // Then the change the README asks for a cluster whose API server is no
+    // kind-control-plane: the agents given the API server's own address (one
+    // test below depends on it).
     await cluster.kubectl(['apply', '-k', kindOverlay(join(work, 'overlay'), { apiServer: new URL(cluster.cp.server).host })]);
+    // An agent Lease of 20 s (renewed every 5 s) instead of the default 40 s:
+    // the API outage and the third agent restart below must outlast it.
+    await cluster.kubectl(['-n', SYSTEM, 'set', 'env', 'daemonset/pier-agent', `PIER_LEASE_DURATION=${AGENT_LEASE_S}s`, 'PIER_LEASE_RENEW_INTERVAL=5s']);
     await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'deployment/pier-controller', '--timeout=180s']);
     await cluster.kubectl(['-n', SYSTEM, 'rollout', 'status', 'daemonset/pier-agent', '--timeout=180s']);
   });
@@ -114,26 +150,48 @@ describe('pier on real nodes, deployed as the README says', () => {
     expect(new Set(sockets).size, sockets.join(' ')).toBe(cluster.nodes.length);
   });
 
+  it('the README\'s kind quick start: kubectl create deployment hello + expose --type=LoadBalancer, get svc, curl; the node addresses in the status, TCP answered by the pods', async () => {
+    const kubeconfig = cluster.cp.adminKubeconfigPath;
+    // The image built here stands in for nginx (test/support/readme.ts says why).
+    await runReadme('kind-hello', { kubeconfig, env: { IMAGE: cluster.images.names.echo } });
+    await cluster.kubectl(['rollout', 'status', 'deployment/hello', '--timeout=120s']);
+    const { nodeV4, pods } = await expectServedOnEveryNode('hello', 8080);
+    // `kubectl get svc hello` lists the node addresses; the README's curl, from this machine, is answered by a hello pod.
+    const [getSvc, curl] = await runReadme('kind-curl', { kubeconfig });
+    const [header, row] = getSvc!.stdout.split('\n').map((l) => l.trim().split(/\s+/));
+    expect(header![3]).toBe('EXTERNAL-IP');
+    expect(row![3]!.split(',').sort()).toEqual(nodeV4);
+    expect(pods).toContain((JSON.parse(curl!.stdout) as { pod: string }).pod);
+  });
+
+  it('the README\'s pier status -n NAMESPACE and pier trace CLIENT ADDRESS:PORT/PROTO --node NODE on that install, with no other flag', async () => {
+    const kubeconfig = cluster.cp.adminKubeconfigPath;
+    const nodeV4 = cluster.lab.nodes.map((n) => n.v4).sort();
+    // The kind overlay makes pier the default: status learns it from the cluster, with no --default-class.
+    const [status] = await runReadme('status', { kubeconfig, env: { NAMESPACE: NS } });
+    const rows = status!.stdout.split('\n').map((l) => l.trim().split(/\s+/));
+    expect(rows[0]).toEqual(['NAMESPACE', 'NAME', 'ADDRESSES', 'PORTS', 'NODES', 'READY', 'REASON']);
+    const hello = rows.find(([ns, name]) => ns === NS && name === 'hello');
+    expect(hello, status!.stdout).toBeDefined();
+    expect(hello![2]!.split(',').sort()).toEqual(nodeV4);
+    expect(hello![3]).toBe('8080/TCP');
+    expect(hello![4]!.split(',').sort()).toEqual(cluster.lab.nodes.map((n) => n.name).sort());
+    expect(hello![5]).toBe('True');
+
+    // trace, from the live cluster: a connection from the lab's client to n1:8080 is DNATed to one of hello's pods (exit 0: delivered).
+    const labNode = cluster.lab.nodes[0]!;
+    const [trace] = await runReadme('trace', { kubeconfig, env: { CLIENT: client().v4, FRONTEND: `${labNode.v4}:8080/tcp`, NODE: labNode.name } });
+    expect(trace!.stdout).toContain('DNAT to one of 2 endpoints');
+    const podIps = (await cluster.kubectl(['get', 'pods', '-n', NS, '-l', 'app=hello', '-o', 'jsonpath={.items[*].status.podIP}'])).split(' ').filter(Boolean);
+    expect(podIps).toHaveLength(2);
+    for (const ip of podIps) expect(trace!.stdout).toContain(ip);
+  });
+
   it('kubectl create deployment + expose --type=LoadBalancer: the node addresses in the status, TCP answered by the pods', async () => {
     await cluster.kubectl(['create', 'deployment', 'echo', `--image=${cluster.images.names.echo}`, '--replicas=2', '--port=8080']);
     await cluster.kubectl(['rollout', 'status', 'deployment/echo', '--timeout=120s']);
     await cluster.kubectl(['expose', 'deployment', 'echo', '--type=LoadBalancer', '--port=80', '--target-port=8080']);
-    const nodeV4 = cluster.lab.nodes.map((n) => n.v4).sort();
-    const status = await eventually('the Service status to list both nodes', async () => {
-      const s = await svc('echo');
-      return ingressIps(s).join() === nodeV4.join() ? s : undefined;
-    }, { timeoutMs: 30_000 });
-    expect(status.status?.loadBalancer?.ingress?.every((i) => i.ipMode === 'Proxy')).toBe(true);
-
-    const pods = await podNames('app=echo');
-    expect(pods).toHaveLength(2);
-    for (const node of cluster.lab.nodes) {
-      const results = await eventually(`TCP answers on ${node.v4}:80`, async () => {
-        const r = await probe(node.v4, 80, { count: 10 });
-        return r.every((x) => x.ok) ? r : undefined;
-      }, { timeoutMs: 20_000, intervalMs: 250 });
-      for (const pod of answeredBy(results)) expect(pods).toContain(pod);
-    }
+    await expectServedOnEveryNode('echo', 80);
   });
 
   it('UDP and IPv6: a UDP Service from kubectl expose, and the TCP one made dual-stack, answered on every node address', async () => {
@@ -235,7 +293,7 @@ describe('pier on real nodes, deployed as the README says', () => {
     const synsBefore = await synRetransmits();
     const steady = steadyClient(labNode.v4, 80);
     await steady.started;
-    // Longer than the agents' Lease (20 s, deploy/) and the controller's leader
+    // Longer than the agents' Lease (20 s, set above) and the controller's leader
     // Lease (15 s); shorter than kube-controller-manager's node monitor grace
     // period (40 s, test/cluster/controlplane.ts), after which Kubernetes itself
     // marks the nodes NotReady.
@@ -360,7 +418,7 @@ describe('pier on real nodes, deployed as the README says', () => {
       });
 
   it('the agent container SIGKILLed on a node three times, the kubelet starting it again (the third time after its 20 s back-off, past the agent\'s Lease), under a steady client: no connection refused, reset or timed out, and no SYN lost', async () => {
-    // Issue 27. The third restart comes after the agent's Lease (20 s) ran
+    // Issue 27. The third restart comes after the agent's Lease (20 s, set above) ran
     // out: the controller has withdrawn the node from the statuses, while the
     // rules left in place still serve it, and lists it again once the new
     // agent renews the Lease. That agent must not sync from the statuses
@@ -573,12 +631,13 @@ describe('pier on real nodes, deployed as the README says', () => {
       return [...r.iptables, ...r.nftables];
     };
     expect((await chains()).length).toBeGreaterThan(0);
-    await cluster.kubectl(['delete', '-k', join(DEPLOY, 'overlays/kind'), '--timeout=120s']);
+    const kubeconfig = cluster.cp.adminKubeconfigPath;
+    // The README's uninstall, as written but for the overlay ("or the overlay/base you applied": the kind one here).
+    await runReadme('uninstall-kind', { kubeconfig });
     // The agents stop; their rules stay (an upgrade must drop no traffic).
     expect((await chains()).length).toBeGreaterThan(0);
-    await cluster.kubectl(['apply', '-k', join(DEPLOY, 'cleanup')]);
-    await cluster.kubectl(['-n', 'pier-cleanup', 'rollout', 'status', 'ds/pier-cleanup', '--timeout=120s']);
+    // The sweep: apply deploy/cleanup, its rollout status, delete it.
+    await runReadme('uninstall-sweep', { kubeconfig });
     expect(await chains()).toEqual([]);
-    await cluster.kubectl(['delete', '-k', join(DEPLOY, 'cleanup'), '--timeout=120s']);
   });
 });

@@ -41,16 +41,7 @@ export async function startController(kubeconfig: string, args: readonly string[
   proc.stderr?.on('data', (d: Buffer) => (log = (log + d.toString()).slice(-LOG_CHARS)));
   atExit(() => proc.kill('SIGKILL'));
 
-  const metrics = async () => {
-    const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
-    const out = new Map<string, number>();
-    for (const line of text.split('\n')) {
-      if (!line.startsWith('pier_controller_')) continue;
-      const at = line.lastIndexOf(' ');
-      out.set(line.slice(0, at), Number(line.slice(at + 1)));
-    }
-    return out;
-  };
+  const metrics = async () => controllerMetrics(await (await fetch(`http://127.0.0.1:${port}/metrics`)).text());
   const run: ControllerRun = {
     proc,
     port,
@@ -70,4 +61,15 @@ export async function startController(kubeconfig: string, args: readonly string[
   };
   await eventually('controller ready', async () => (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.ok, { timeoutMs: 30_000 });
   return run;
+}
+
+/** The `pier_controller_*` samples of a /metrics text, as `name{labels}` -> value. */
+export function controllerMetrics(text: string): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('pier_controller_')) continue;
+    const at = line.lastIndexOf(' ');
+    out.set(line.slice(0, at), Number(line.slice(at + 1)));
+  }
+  return out;
 }
