@@ -109,7 +109,7 @@ describe('pier status against the API server', () => {
     const r = await status(['-n', NS]);
     // No controller has run yet: the defaults, and one line that says so.
     expect(r.stderr).toBe(
-      'pier status: no controller Lease pier-system/pier-controller (is the controller running, with leader election, in that namespace?): assuming --default-class=false --default-pool=default; give them to override',
+      'pier status: no controller Lease pier-system/pier-controller (is the controller running, with leader election, in that namespace?): assuming --default-class=false --default-pool=default --max-addresses=16; give them to override',
     );
     expect(r.exitCode).toBe(0);
     const lines = r.stdout.split('\n');
