@@ -28,6 +28,7 @@ import type { V1EndpointConditions, V1EndpointSlice, V1Lease, V1Node, V1Service,
 import { compareText, parseAddress, type ParsedAddress as Address } from '../lib/address.ts';
 
 import {
+  DEFAULT_MAX_ADDRESSES,
   EXCLUDE_FROM_LB_LABEL,
   LEASE_FORWARDING_IPV4,
   LEASE_FORWARDING_IPV6,
@@ -36,8 +37,10 @@ import {
   PORT_MAPPING_ANNOTATION,
   PORT_MODE,
   agentLeaseName,
+  formatMaxAddresses,
   type Family,
   isPierService,
+  parseMaxAddresses,
 } from '../lib/contract.ts';
 import { leaseIsFresh } from '../lib/lease.ts';
 import { SERVICE_NAME_LABEL, safely, serviceKey, timestamp } from '../lib/objects.ts';
@@ -77,29 +80,8 @@ export interface AllocatorConfig {
   maxAddresses?: number;
 }
 
-/**
- * Clusters of up to 16 nodes (per pool and family) keep every node in every
- * Service's status, as before there was a bound; beyond that a status stays
- * small (16 entries per family, ~1.5 KB of JSON for a one-port Service) and a
- * Service's traffic still spreads over 16 nodes.
- */
-export const DEFAULT_MAX_ADDRESSES = 16;
-
-/** `all` (Infinity) or a positive integer, as the flag and the annotation take it; undefined for anything else. */
-export function parseMaxAddresses(value: unknown): number | undefined {
-  if (typeof value !== 'string') return undefined;
-  const text = value.trim();
-  if (text === 'all') return Number.POSITIVE_INFINITY;
-  if (!/^\d+$/.test(text)) return undefined;
-  const n = Number(text);
-  if (n < 1) return undefined;
-  return Number.isSafeInteger(n) ? n : Number.POSITIVE_INFINITY;
-}
-
-/** How a bound reads in messages: `16` or `all`. */
-export function formatMaxAddresses(n: number): string {
-  return n === Number.POSITIVE_INFINITY ? 'all' : String(n);
-}
+// K's default and spelling are part of the contract (lib/contract.ts): pier status reads them too.
+export { DEFAULT_MAX_ADDRESSES, formatMaxAddresses, parseMaxAddresses } from '../lib/contract.ts';
 
 export const DEFAULT_RESERVED_PORTS: readonly PortRange[] = [
   { from: 22, to: 22 }, // ssh

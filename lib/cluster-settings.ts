@@ -4,8 +4,7 @@
 // LEADER_DEFAULT_CLASS, LEADER_MAX_ADDRESSES), unless the user gives the
 // setting. The commands read the Lease; this decides.
 import type { V1Lease } from '@kubernetes/client-node';
-import { DEFAULT_MAX_ADDRESSES, formatMaxAddresses, parseMaxAddresses } from '../controller/allocate.ts';
-import { LEADER_DEFAULT_CLASS, LEADER_DEFAULT_POOL, LEADER_MAX_ADDRESSES } from './contract.ts';
+import { DEFAULT_MAX_ADDRESSES, LEADER_DEFAULT_CLASS, LEADER_DEFAULT_POOL, LEADER_MAX_ADDRESSES, formatMaxAddresses, parseMaxAddresses } from './contract.ts';
 
 export interface Selection {
   defaultClass: boolean;

@@ -87,3 +87,27 @@ export const LEASE_VERSION = 'pier.dev/version';
 
 export type Family = 'ipv4' | 'ipv6';
 export const FAMILIES: readonly Family[] = ['ipv4', 'ipv6'];
+
+/**
+ * Clusters of up to 16 nodes (per pool and family) keep every node in every
+ * Service's status, as before there was a bound; beyond that a status stays
+ * small (16 entries per family, ~1.5 KB of JSON for a one-port Service) and a
+ * Service's traffic still spreads over 16 nodes.
+ */
+export const DEFAULT_MAX_ADDRESSES = 16;
+
+/** `all` (Infinity) or a positive integer, as the flag and the annotation take it; undefined for anything else. */
+export function parseMaxAddresses(value: unknown): number | undefined {
+  if (typeof value !== 'string') return undefined;
+  const text = value.trim();
+  if (text === 'all') return Number.POSITIVE_INFINITY;
+  if (!/^\d+$/.test(text)) return undefined;
+  const n = Number(text);
+  if (n < 1) return undefined;
+  return Number.isSafeInteger(n) ? n : Number.POSITIVE_INFINITY;
+}
+
+/** How a bound reads in messages: `16` or `all`. */
+export function formatMaxAddresses(n: number): string {
+  return n === Number.POSITIVE_INFINITY ? 'all' : String(n);
+}
