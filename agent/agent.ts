@@ -200,7 +200,7 @@ export class Agent {
     this.services.onChange(onChange);
     this.services.onChange((svc, event) => {
       const a = this.answer;
-      if (a && event !== 'delete' && (svc.status?.loadBalancer?.ingress ?? []).some((i) => a.addresses.has(addressInfo(i.ip)?.text ?? ''))) a.at = performance.now();
+      if (a && event !== 'delete' && listsAny(svc, a.addresses)) a.at = performance.now();
     });
     this.slices.onChange(onChange);
     this.nodes.onChange(onChange);
@@ -258,11 +258,13 @@ export class Agent {
    * while the rules the last agent left still serve it, and lists it again
    * once it sees the renewal. A first sync from the statuses before that
    * deletes those rules, and the node refuses connections until the
-   * controller's answer brings them back (~0.25 s). So the rules in place
-   * stay until the Services naming this node have been quiet for
-   * ANSWER_SETTLE_MS after the renewal (at most a Lease duration); what the
-   * controller did not list again then goes. A fresh Lease (a restart at
-   * once, a rolling update) or none (a new node) waits for nothing.
+   * controller's answer brings them back. So the rules in place stay until
+   * a Service lists this node again and the Services naming it have been
+   * quiet for ANSWER_SETTLE_MS; at most a Lease duration after the renewal,
+   * when what the controller did not list again goes. Quiet alone is no
+   * answer: a controller that is slow (busy, failing over) has not answered
+   * yet. A fresh Lease (a restart at once, a rolling update) or none (a new
+   * node) waits for nothing.
    */
   private async awaitControllerAnswer(): Promise<void> {
     const lease = this.lease;
@@ -278,14 +280,15 @@ export class Agent {
     this.readyDetail = 'waiting for the controller to list this node again; keeping the rules in place';
     const leftMs = Number.isFinite(first.remainingMs) ? Math.round(first.remainingMs) : undefined;
     this.log.info({ leaseLeftMs: leftMs, settleMs: ANSWER_SETTLE_MS, maxMs }, "this node's Lease had run out when this agent renewed it, so the controller may have withdrawn the node: the rules in place stay until it has answered the renewal");
+    const listed = () => this.services.list().some((svc) => listsAny(svc, addresses));
     while (!this.stopped) {
-      const until = Math.min(answer.at + ANSWER_SETTLE_MS, first.at + maxMs);
+      const until = Math.min(listed() ? answer.at + ANSWER_SETTLE_MS : Number.POSITIVE_INFINITY, first.at + maxMs);
       const wait = until - performance.now();
       if (wait <= 0) break;
       await new Promise((resolve) => setTimeout(resolve, Math.min(wait, 100)));
     }
     this.answer = undefined;
-    this.log.info({ waitedMs: Math.round(performance.now() - first.at), answered: answer.at > first.at }, 'the first sync follows the controller\'s answer');
+    this.log.info({ waitedMs: Math.round(performance.now() - first.at), listed: listed() }, "the first sync follows the controller's answer");
   }
 
   private setBy(): { backend: string; iptablesBackend: string } {
@@ -580,3 +583,8 @@ export class Agent {
 
 export { nodeAddresses };
 export type { Model };
+
+/** Whether `svc`'s status lists one of `addresses` (canonical text). */
+function listsAny(svc: V1Service, addresses: ReadonlySet<string>): boolean {
+  return (svc.status?.loadBalancer?.ingress ?? []).some((i) => addresses.has(addressInfo(i.ip)?.text ?? ''));
+}

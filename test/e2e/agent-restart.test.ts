@@ -172,4 +172,43 @@ describe.each(['iptables', 'nftables'] as const)('agent restarts under a steady 
     expect(tally(results)).toMatchObject({ refused: 0, reset: 0, timeout: 0, other: 0 });
     expect(await rules(n)).toBe(before);
   });
+
+  it('started again after its Lease ran out while the controller is frozen (SIGSTOP) for 5 s: the new agent keeps the rules until the controller, thawed, lists the node again, and refuses nothing', async () => {
+    // A controller slower than the agent's 2 s of quiet (busy, failing
+    // over): quiet is no answer while no Service lists the node.
+    const n = lab.nodes[0]!;
+    const before = await rules(n);
+    const all = lab.nodes.map((x) => x.v4).sort();
+    await kill(n);
+    startAgent(n, SHORT_LEASE);
+    await ready(n);
+    const logFrom = log.length;
+    const { results, kills } = await withClient(n, async (kills) => {
+      await new Promise((r) => setTimeout(r, 1000));
+      kills.push(Date.now());
+      await kill(n);
+      // From every Service: a Service still listing the node reads as an answer.
+      for (let i = 0; i < SERVICES; i++) {
+        await eventually(`${n.name} withdrawn from web${i}`, async () => !(await ingress(`web${i}`)).includes(n.v4), { timeoutMs: SHORT_LEASE_MS + 30_000, intervalMs: 50 });
+      }
+      controller!.kill('SIGSTOP');
+      try {
+        log += '--- restart with the controller frozen ---\n';
+        // A Lease longer than the freeze: the agent waits at most that long.
+        startAgent(n, ['--lease-duration', '15s', '--lease-renew-interval', '1s']);
+        await new Promise((r) => setTimeout(r, 5000));
+      } finally {
+        controller!.kill('SIGCONT');
+      }
+      await ready(n);
+      await eventually(`${n.name} listed again`, async () => (await ingress('web0')).join() === all.join(), { timeoutMs: 10_000, intervalMs: 50 });
+    });
+    report('started again while the controller was frozen', results, kills);
+    const waited = log.slice(logFrom).match(/"waitedMs":(\d+),"listed":true/);
+    expect(waited, log.slice(logFrom)).not.toBeNull();
+    expect(Number(waited![1])).toBeGreaterThan(4000);
+    expect(results.length).toBeGreaterThan(5 * 15);
+    expect(tally(results)).toMatchObject({ refused: 0, reset: 0, timeout: 0, other: 0 });
+    expect(await rules(n)).toBe(before);
+  });
 });
