@@ -23,6 +23,7 @@ import {
 } from '../../lib/contract.ts';
 import type { StatusReport } from '../../controller/status-report.ts';
 import { ensureNamespace, registerNode, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
+import { startController } from '../support/controller.ts';
 import { endpointSlice, lbService, node } from '../support/objects.ts';
 import { freePort } from '../support/ports.ts';
 import { eventually } from '../support/wait.ts';
@@ -213,20 +214,13 @@ describe('pier status against the API server', () => {
     const names = (stdout: string) => (JSON.parse(stdout) as StatusReport).services.map((s) => s.name);
     expect(names((await status(['-n', NS, '-o', 'json'])).stdout)).not.toContain('plain');
 
-    const port = await freePort();
-    let log = '';
-    // setpriv: the controller dies with this test process, even a killed one.
-    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, CLI, 'controller',
-      '--kubeconfig', cp.adminKubeconfigPath, '--default-class', '--leader-elect-id', 'c-1',
-      '--health-address', '127.0.0.1', '--health-port', String(port),
-    ], { reject: false, stdin: 'ignore', env: { KUBECONFIG: '' } });
-    proc.stderr?.on('data', (d: Buffer) => (log += d.toString()));
+    const controller = await startController(cp.adminKubeconfigPath, ['--default-class', '--leader-elect-id', 'c-1']);
     try {
       const lease = await eventually('the leader Lease', async () => {
         const l = await coordination.readNamespacedLease({ name: LEADER_LEASE_NAME, namespace: 'pier-system' }).catch(() => undefined);
         return l?.metadata?.annotations?.[LEADER_DEFAULT_CLASS] ? l : undefined;
       }, { timeoutMs: 30_000 });
-      expect(lease.metadata?.annotations?.[LEADER_DEFAULT_CLASS], log).toBe('true');
+      expect(lease.metadata?.annotations?.[LEADER_DEFAULT_CLASS], controller.log()).toBe('true');
 
       const r = await status(['-n', NS, '-o', 'json']);
       expect(r.stderr).toBe('');
@@ -252,8 +246,7 @@ describe('pier status against the API server', () => {
       const flagged = await trace('--default-class=false');
       expect(flagged.stdout).toContain('Service shop/plain port 8080/TCP names no loadBalancerClass, and pier serves those only with --default-class');
     } finally {
-      proc.kill('SIGTERM');
-      await proc;
+      await controller.stop();
     }
   });
 });
