@@ -476,7 +476,7 @@ function readService(svc: V1Service, config: AllocatorConfig): Omit<ServiceReque
     allocateMode,
     requested: lbIP === undefined || lbIP === null || lbIP === '' ? [] : [lbIP],
     maxAddresses,
-    statusIngress: safely(() => svc.status?.loadBalancer?.ingress, undefined),
+    statusIngress: statusIngressOf(svc),
     remembered: allocateMode ? rememberedPorts(svc, ports, annotations[PORT_MAPPING_ANNOTATION]) : ports.map(() => []),
     warnings,
     ...(blocked ? { blocked } : {}),
@@ -487,6 +487,10 @@ function readService(svc: V1Service, config: AllocatorConfig): Omit<ServiceReque
     portErrors: new Map(),
     conflicts: new Map(),
   };
+}
+
+function statusIngressOf(svc: V1Service): unknown {
+  return safely(() => svc.status?.loadBalancer?.ingress, undefined);
 }
 
 /**
@@ -676,9 +680,15 @@ function explainNode(node: NodeView, why: Exclusion, family: Family, request: Pi
  */
 interface AddressDeps {
   anyNode: boolean;
-  /** Nodes whose change may change the choice: each ranked window's, and for Local every node with a serving endpoint. */
-  nodes: Set<string>;
-  /** Per family ranked over its whole pool: a node newly eligible there changes the choice if the window is not full or it ranks above the floor. */
+  /** For Local, every node with a serving endpoint: its change may change the choice. Made only then (kept per Service). */
+  nodes?: Set<string>;
+  /**
+   * Per family ranked over its whole pool: the window is the nodes that were
+   * eligible and rank at or above the floor, and a change of one of them may
+   * change the choice (affectedBy() tells them apart by rank rather than
+   * keeping up to 2K names per family and Service). A node newly eligible
+   * there changes the choice if the window is not full or it ranks above the floor.
+   */
   windows: { family: Family; full: boolean; floorKey: number; floorName: string }[];
 }
 
@@ -686,7 +696,7 @@ function chooseAddresses(request: ServiceRequest, cluster: Cluster, serving: Ser
   const only = localNodes(request, cluster, serving);
   const deps = request.deps;
   // A serving node that becomes eligible (or stops) may switch Local's rule on or off in its family.
-  if (deps && request.local && serving) for (const family of request.families) for (const name of serving[family].keys()) deps.nodes.add(name);
+  if (deps && request.local && serving) for (const family of request.families) for (const name of serving[family].keys()) (deps.nodes ??= new Set()).add(name);
   if (deps && request.requested.length > 0) deps.anyNode = true;
   const eligible: Record<Family, readonly NodeView[]> = { ipv4: [], ipv6: [] };
   const tally: Record<Family, ReadonlyMap<Exclusion, number>> = { ipv4: new Map(), ipv6: new Map() };
@@ -820,10 +830,10 @@ function chooseInFamily(
   request.hash ??= hashText(request.key);
   const hashes = pool ? (pool.hashes ??= nameHashes(pool.nodes)) : nameHashes(eligible);
   const ranked = rankNodes(request.hash, eligible, hashes, Math.min(2 * k, eligible.length), ready);
-  if (deps) {
-    for (const node of ranked) deps.nodes.add(node.name);
+  // A pool's window is known by its floor (see AddressDeps); Local's ranked nodes serve it, so deps.nodes has them.
+  if (deps && pool) {
     const last = ranked[ranked.length - 1]!;
-    if (pool) deps.windows.push({ family, full: ranked.length >= 2 * k, floorKey: rendezvous(request.hash, hashText(last.name)), floorName: last.name });
+    deps.windows.push({ family, full: ranked.length >= 2 * k, floorKey: rendezvous(request.hash, hashText(last.name)), floorName: last.name });
   }
   const listed = (request.listed ??= readListed(request.statusIngress));
   const out = new Map<string, Address>();
@@ -1142,18 +1152,24 @@ function result(request: ServiceRequest): ServiceAllocation {
   let served = 0;
   let refused = 0;
   const errorAt = (sp: SpecPort, addr: string) => request.portErrors.get(sp.index) ?? request.conflicts.get(sp.index)?.get(addr);
-  const ingress: IngressAssignment[] = request.addresses.map((addr) => ({
-    ip: addr.text,
-    ipMode: 'Proxy',
-    ports: request.ports.map((sp) => {
-      const err = errorAt(sp, addr.text);
+  const portsAt = (addr: string) =>
+    request.ports.map((sp) => {
+      const err = errorAt(sp, addr);
       const out: PortAssignment = { port: request.external[sp.index] ?? sp.port, protocol: sp.protocol };
       if (err) out.error = err.reason;
-      else if (request.noEndpoints.includes(addr.family)) refused++;
-      else served++;
       return out;
-    }),
-  }));
+    });
+  // Without conflicts every address has the same ports: one array for them all, not one per
+  // address (at 2K addresses a Service, most of what an allocation holds). Nothing writes to it.
+  const same = request.conflicts.size === 0 ? portsAt('') : undefined;
+  const ingress: IngressAssignment[] = request.addresses.map((addr) => {
+    for (const sp of request.ports) {
+      if (errorAt(sp, addr.text)) continue;
+      if (request.noEndpoints.includes(addr.family)) refused++;
+      else served++;
+    }
+    return { ip: addr.text, ipMode: 'Proxy', ports: same ?? portsAt(addr.text) };
+  });
 
   // One cause per spec port and reason, naming the addresses it applies to.
   const portCauses: Problem[] = [];
@@ -1258,6 +1274,30 @@ export interface AllocatorState {
   readonly keys: readonly string[];
 }
 
+/**
+ * What the state keeps of a read Service: its spec's reading alone. The
+ * per-run fields would be empty Maps and arrays per Service, and the status
+ * (statusIngress, listed) is read again from the same object when its
+ * addresses are chosen again.
+ */
+type ServiceRead = Omit<ServiceRequest, 'rank' | 'statusIngress' | 'listed' | 'hash' | 'deps' | 'addresses' | 'addressCauses' | 'noEndpoints' | 'external' | 'portErrors' | 'conflicts'>;
+
+function keptRead(r: Omit<ServiceRequest, 'rank'>): ServiceRead {
+  const { key, created, ports, families, local, pool, allocateMode, requested, maxAddresses, remembered, warnings, blocked } = r;
+  // families.slice(): built by push(), the array has room for 17.
+  return { key, created, ports, families: families.slice(), local, pool, allocateMode, requested, maxAddresses, remembered, warnings, ...(blocked ? { blocked } : {}) };
+}
+
+/** The deps of every Service whose addresses any node's change may change, shared. */
+const ANY_NODE: AddressDeps = { anyNode: true, windows: [] };
+
+/** What the state keeps of a Service's AddressDeps: nothing of its own when any node counts, and windows without push()'s spare room. */
+function keptDeps(d: AddressDeps | undefined): AddressDeps | undefined {
+  if (!d) return undefined;
+  if (d.anyNode) return ANY_NODE;
+  return d.nodes ? { anyNode: false, nodes: d.nodes, windows: d.windows.slice() } : { anyNode: false, windows: d.windows.slice() };
+}
+
 /** One Service as reallocate() last judged it. */
 interface Judged {
   /**
@@ -1267,7 +1307,7 @@ interface Judged {
    * before the next allocation); a collected one was replaced.
    */
   readonly svc: WeakRef<V1Service>;
-  readonly read?: Omit<ServiceRequest, 'rank'>;
+  readonly read?: ServiceRead;
   /** When the Service could not be read: its whole allocation. */
   readonly invalid?: ServiceAllocation;
   /** servingSignature() of its EndpointSlices, for Local Services. */
@@ -1318,12 +1358,13 @@ export function reallocate(input: AllocateInput, previous?: AllocatorState): Rea
   const nodePorts = readNodePorts(services);
 
   const nodes = new Map(cluster.nodes.map((n) => [n.name, nodeSignature(n)]));
-  const changed: { name: string; view: NodeView | undefined; hash: number }[] = [];
+  const changed: ChangedNode[] = [];
   if (prev) {
-    for (const [name, sig] of nodes) if (prev.nodes.get(name) !== sig) changed.push({ name, view: cluster.byName.get(name), hash: hashText(name) });
-    for (const name of prev.nodes.keys()) if (!nodes.has(name)) changed.push({ name, view: undefined, hash: hashText(name) });
+    for (const [name, sig] of nodes) if (prev.nodes.get(name) !== sig) changed.push({ name, view: cluster.byName.get(name), before: undefined, hash: hashText(name) });
+    for (const name of prev.nodes.keys()) if (!nodes.has(name)) changed.push({ name, view: undefined, before: undefined, hash: hashText(name) });
   }
   const everything = !prev || changed.length > MAX_CHANGED_NODES;
+  if (!everything) for (const c of changed) c.before = viewOfSignature(c.name, prev.nodes.get(c.name));
 
   const judged = new Map<string, Judged>();
   const requests: ServiceRequest[] = [];
@@ -1341,11 +1382,8 @@ export function reallocate(input: AllocateInput, previous?: AllocatorState): Rea
     if (!base) {
       reread = true;
       try {
-        const read = readService(svc, config);
-        // The addresses its status lists, read now: the state keeps no part of the object.
-        read.listed = readListed(read.statusIngress);
-        read.statusIngress = undefined;
-        base = { svc: new WeakRef(svc), read, serving: '', addresses: [], addressCauses: [], noEndpoints: [], ports: '' };
+        // Every field of Judged, so that the copies below keep them all in the object.
+        base = { svc: new WeakRef(svc), read: keptRead(readService(svc, config)), serving: '', addresses: [], addressCauses: [], noEndpoints: [], hash: undefined, deps: undefined, ports: '', result: undefined };
       } catch (err) {
         const problem = { reason: REASONS.invalidService, message: `cannot read the Service: ${safely(() => String((err as Error)?.message ?? err), 'unknown error')}` };
         judged.set(key, { svc: new WeakRef(svc), invalid: { ingress: [], condition: { status: 'False', ...problem }, problems: [problem] }, serving: '', addresses: [], addressCauses: [], noEndpoints: [], ports: '' });
@@ -1358,6 +1396,7 @@ export function reallocate(input: AllocateInput, previous?: AllocatorState): Rea
     const request: ServiceRequest = {
       ...read,
       rank: 0,
+      statusIngress: undefined,
       addresses: keep || read.blocked ? base.addresses : [],
       addressCauses: keep || read.blocked ? base.addressCauses : [],
       noEndpoints: keep || read.blocked ? base.noEndpoints : [],
@@ -1366,12 +1405,15 @@ export function reallocate(input: AllocateInput, previous?: AllocatorState): Rea
       conflicts: new Map(),
     };
     if (!keep && !read.blocked) {
-      request.deps = { anyNode: false, nodes: new Set(), windows: [] };
+      // `svc` is the object `read` was read from (base.svc): its status as readService() reads it.
+      request.statusIngress = statusIngressOf(svc);
+      request.deps = { anyNode: false, windows: [] };
       chooseAddresses(request, cluster, serving.get(read.key));
       rechosen.add(request);
     }
     requests.push(request);
-    judged.set(key, rechosen.has(request) ? { ...base, serving: servingNow, addresses: request.addresses, addressCauses: request.addressCauses, noEndpoints: request.noEndpoints, hash: request.hash, deps: request.deps } : base);
+    // Keyed by read.key, the string the state keeps anyway: `key` is made anew on every run.
+    judged.set(read.key, rechosen.has(request) ? { ...base, serving: servingNow, addresses: request.addresses, addressCauses: request.addressCauses, noEndpoints: request.noEndpoints, hash: request.hash, deps: keptDeps(request.deps) } : base);
   }
 
   // Ranks: the previous order while no Service was added, removed or read again.
@@ -1405,21 +1447,44 @@ export function reallocate(input: AllocateInput, previous?: AllocatorState): Rea
 }
 
 /** Whether a change of these nodes may change the addresses `j` was given (see AddressDeps). */
-function affectedBy(j: Judged, changed: readonly { name: string; view: NodeView | undefined; hash: number }[]): boolean {
+function affectedBy(j: Judged, changed: readonly ChangedNode[]): boolean {
   const deps = j.deps;
   if (!deps || changed.length === 0) return false;
   if (deps.anyNode) return true;
   for (const node of changed) {
-    if (deps.nodes.has(node.name)) return true;
-    if (!node.view) continue;
+    if (deps.nodes?.has(node.name)) return true;
     for (const w of deps.windows) {
-      if (exclusion(node.view, j.read!, w.family, {}) !== undefined) continue;
-      if (!w.full) return true;
       const key = rendezvous(j.hash!, node.hash);
-      if (key > w.floorKey || (key === w.floorKey && node.name < w.floorName)) return true;
+      const above = key > w.floorKey || (key === w.floorKey && node.name < w.floorName);
+      // In the window: eligible in the previous run and ranked at or above its floor. Exact, because
+      // since the window was made its nodes have not changed, and no node ranked above its floor has
+      // become eligible: either would have re-judged the Service (this check, and the one below).
+      if ((above || node.name === w.floorName) && node.before && exclusion(node.before, j.read!, w.family, {}) === undefined) return true;
+      if (!node.view || exclusion(node.view, j.read!, w.family, {}) !== undefined) continue;
+      if (!w.full || above) return true;
     }
   }
   return false;
+}
+
+/** A node whose view differs from the previous run's: now, and as the previous run read it. */
+interface ChangedNode {
+  name: string;
+  view: NodeView | undefined;
+  before: NodeView | undefined;
+  hash: number;
+}
+
+/** The view nodeSignature() was made from, as far as exclusion() reads it. */
+function viewOfSignature(name: string, signature: string | undefined): NodeView | undefined {
+  if (signature === undefined) return undefined;
+  const [pool, ready, excluded, agent, ipv4, ipv6, chosen4, chosen6, all4, all6] = JSON.parse(signature) as [string, boolean, boolean, NodeView['agent'], boolean, boolean, string | null, string | null, string[], string[]];
+  const chosen: NodeView['chosen'] = {};
+  const a4 = parseAddress(chosen4);
+  const a6 = parseAddress(chosen6);
+  if (a4) chosen.ipv4 = a4;
+  if (a6) chosen.ipv6 = a6;
+  return { name, pool, ready, excluded, agent, forwarding: { ipv4, ipv6 }, chosen, all: { ipv4: new Set(all4), ipv6: new Set(all6) } };
 }
 
 /** Everything allocate() reads from a node's view. */
