@@ -18,6 +18,8 @@ export PIER_IMAGES_DIR="$(bash test/images/build.sh)"
 # ServiceMonitor and PodMonitor CRDs from its module, for the Helm chart's and
 # the release workflow's tests (test/helm/build.sh; cached in .cache/).
 export PIER_HELM="$(bash test/helm/build.sh helm)"
+# Helm 3 too: the chart's tests lint and render it with both majors.
+export PIER_HELM3="$(bash test/helm/build.sh helm3)"
 export PIER_ACTIONLINT="$(bash test/helm/build.sh actionlint)"
 export PIER_PROMETHEUS_CRDS="$(bash test/helm/build.sh prometheus-crds)"
 

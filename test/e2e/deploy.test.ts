@@ -26,6 +26,7 @@ import { LEADER_LEASE_NAME, LEASE_FORWARDING_IPV6, agentLeaseName } from '../../
 import { ensureNamespace, startControlPlane, statusOf, type ControlPlane } from '../cluster/controlplane.ts';
 import { ECHO_PORT, HOST_V4, Lab } from '../lab/lab.ts';
 import { apply, containerEnv, containerOf, find, KUSTOMIZATIONS, render, type Rendered } from '../support/deploy.ts';
+import { runReadme } from '../support/readme.ts';
 import { endpointSlice, lbService } from '../support/objects.ts';
 import { registerLabNodes } from '../lab/pier.ts';
 import { eventually } from '../support/wait.ts';
@@ -120,10 +121,12 @@ describe('deploy/ against a real API server', () => {
     }
   });
 
-  it('is admitted by the API server: base applied for real, every kustomization by server-side dry run', async () => {
-    await apply(cp.adminKubeconfigPath, base.yaml);
+  it('is admitted by the API server: base applied as the README writes it (kubectl apply -k deploy/base), every kustomization by server-side dry run', async () => {
+    const [install] = await runReadme('apply-base', { kubeconfig: cp.adminKubeconfigPath });
+    for (const o of base.objects) expect(install!.stdout, `${o.kind} ${o.metadata?.name}`).toContain(`/${o.metadata?.name} created`);
     for (const k of KUSTOMIZATIONS) {
-      const out = await apply(cp.adminKubeconfigPath, (await render(k)).yaml, { dryRun: true });
+      // Forced: the README's client-side apply owns the env fields these differ in (test/support/deploy.ts).
+      const out = await apply(cp.adminKubeconfigPath, (await render(k)).yaml, { dryRun: true, forceConflicts: true });
       expect(out).toMatch(/daemonset\.apps\/pier-agent serverside-applied \(server dry run\)/);
     }
     // No kubelet or controller-manager here: create the pods the workloads

@@ -3,12 +3,13 @@
 # (the Go module proxy is the only registry reached), cached in .cache/:
 #
 #   helm             helm.sh/helm/v4/cmd/helm@$HELM_VERSION         -> .cache/helm/<version>/helm
+#   helm3            helm.sh/helm/v3/cmd/helm@$HELM3_VERSION        -> .cache/helm3/<version>/helm
 #   actionlint       github.com/rhysd/actionlint/cmd/actionlint@... -> .cache/actionlint/<version>/actionlint
 #   prometheus-crds  the ServiceMonitor and PodMonitor CRDs of the module
 #                    github.com/prometheus-operator/prometheus-operator@...
 #                    (example/prometheus-operator-crd/)             -> .cache/prometheus-operator/<version>/
 #
-# Usage: build.sh [helm|actionlint|prometheus-crds]...   (default: helm)
+# Usage: build.sh [helm|helm3|actionlint|prometheus-crds]...   (default: helm)
 # Prints, per argument, the binary's path (the folder's for the CRDs) on
 # stdout; progress goes to stderr. A folder holds a `recipe` file, a hash of
 # this script: a warm run costs a few milliseconds, a changed recipe rebuilds.
@@ -17,13 +18,19 @@
 # version (v3 gets fixes only), and v4.3.1 builds on k8s.io/client-go
 # v0.37.1, the same Kubernetes v1.37.1 modules test/cluster/build.sh builds,
 # so most of those packages come from Go's build cache. The chart is
-# apiVersion v2, which both read (deploy/helm/README.md).
+# apiVersion v2, which both read (deploy/helm/README.md); helm3 is built too,
+# so that the chart's tests lint and render it with both majors (users still
+# run v3), and check that both render the same objects.
 # `go install module/cmd@version` builds the module with exactly its own
 # go.mod (no replace directives in either) and checks every module it
 # downloads against the checksum database, as `go mod download` does.
 set -euo pipefail
 
 HELM_VERSION=v4.3.1
+# Helm 3, as the Go module proxy here serves it.
+HELM3_VERSION=v3.22.0
+# The minor of its go.mod's k8s.io/client-go (v0.37.0): Kubernetes 1.37.
+HELM3_K8S_MINOR=37
 ACTIONLINT_VERSION=v1.7.12
 # The newest version of the whole module the proxy serves here (the list of
 # versions names v0.85.0 alone; later ones are refused, 403); ServiceMonitor
@@ -94,6 +101,24 @@ build_helm() {
   echo "$dir/helm" >&3
 }
 
+build_helm3() {
+  # Its own folder: publish() removes the other versions beside a build.
+  local dir="$root/.cache/helm3/$HELM3_VERSION"
+  if ! fresh "$dir" helm; then
+    use_go
+    log "building helm $HELM3_VERSION (cold: about 2.5 minutes on two cores, its Kubernetes v1.37.0 modules close to the cluster's; seconds with Go's build cache warm)"
+    # As Helm's Makefile stamps a release, the Kubernetes version too: v3 has
+    # no default of its own (it says v1.20, which the chart's kubeVersion
+    # refuses); Helm's Makefile takes it from go.mod's k8s.io/client-go,
+    # v0.37.0 in v3.22.0, so Kubernetes 1.37. (v4 reads it from the build info.)
+    local k8s="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$HELM3_K8S_MINOR"
+    k8s+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$HELM3_K8S_MINOR"
+    go_install "$dir" "helm.sh/helm/v3/cmd/helm@$HELM3_VERSION" \
+      "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION -X helm.sh/helm/v3/internal/version.metadata= -X helm.sh/helm/v3/internal/version.gitTreeState=clean $k8s"
+  fi
+  echo "$dir/helm" >&3
+}
+
 build_actionlint() {
   local dir="$root/.cache/actionlint/$ACTIONLINT_VERSION"
   if ! fresh "$dir" actionlint; then
@@ -128,8 +153,9 @@ build_prometheus_crds() {
 for what in "$@"; do
   case "$what" in
     helm) build_helm ;;
+    helm3) build_helm3 ;;
     actionlint) build_actionlint ;;
     prometheus-crds) build_prometheus_crds ;;
-    *) log "unknown: $what (helm, actionlint, prometheus-crds)"; exit 2 ;;
+    *) log "unknown: $what (helm, helm3, actionlint, prometheus-crds)"; exit 2 ;;
   esac
 done

@@ -10,8 +10,10 @@
 //   deploy/helm/values/{k3s,kind}.yaml  the values that equal deploy/overlays/{k3s,kind}
 //
 // Hand-written: Chart.yaml, values.yaml (its defaults must equal what deploy/
-// says: this fails, naming the value, when they do not), _helpers.tpl,
-// NOTES.txt. Anything in deploy/ that this does not know how to carry over (a
+// says: this fails, naming the value, when they do not), values.schema.json
+// (it must describe exactly values.yaml's keys, and refuse unknown keys
+// wherever an object's keys are fixed: this fails, naming the key, when it
+// does not), _helpers.tpl, NOTES.txt. Anything in deploy/ that this does not know how to carry over (a
 // new file, a new pier.env variable, another kind of overlay patch) fails the
 // generation rather than being left out.
 //
@@ -446,6 +448,58 @@ function overlayValues(overlay: string, values: unknown): string {
   return lines.join('\n') + '\n';
 }
 
+/** A JSON Schema node, as values.schema.json writes them (draft-07). */
+interface Schema {
+  $ref?: string;
+  type?: string | string[];
+  anyOf?: Schema[];
+  oneOf?: Schema[];
+  properties?: Record<string, Schema>;
+  additionalProperties?: boolean | Schema;
+  definitions?: Record<string, Schema>;
+}
+
+const SCHEMA = `${CHART_DIR}/values.schema.json`;
+
+/**
+ * values.schema.json against values.yaml: every key of values.yaml has its
+ * entry and every entry its key (walking each object whose keys the schema
+ * fixes); every such object refuses other keys (additionalProperties: false,
+ * so that a typo such as `--set backnd=x` fails); every other object (a map
+ * the user fills: nodeSelector, labels, extraConfig…) says what its entries
+ * are; every value has a type. The types of the defaults themselves are
+ * helm lint's to check (test/integration/helm.test.ts).
+ */
+function checkSchema(values: unknown): void {
+  const root = JSON.parse(read(SCHEMA)) as Schema & { $schema?: string };
+  if (root.$schema !== 'http://json-schema.org/draft-07/schema#') fail(`${SCHEMA}: $schema must be draft-07 (http://json-schema.org/draft-07/schema#), which Helm 3 and 4 both validate`);
+  const resolve = (node: Schema, path: string): Schema => {
+    if (!node.$ref) return node;
+    const m = /^#\/definitions\/([^/]+)$/.exec(node.$ref);
+    const target = m && root.definitions?.[m[1]!];
+    if (!target) fail(`${SCHEMA}: ${path}: $ref ${node.$ref} names no definition`);
+    return resolve(target, path);
+  };
+  const walk = (value: unknown, node: Schema, path: string) => {
+    const s = resolve(node, path || '(root)');
+    const name = path || '(root)';
+    if (s.type === undefined && !s.anyOf && !s.oneOf) fail(`${SCHEMA}: ${name} has no type`);
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) return;
+    if (!s.properties) {
+      if (s.additionalProperties === undefined) fail(`${SCHEMA}: ${name} is a map the user fills: say what its entries are (additionalProperties)`);
+      return;
+    }
+    if (s.additionalProperties !== false) fail(`${SCHEMA}: ${name} has fixed keys, so it must refuse others (additionalProperties: false)`);
+    const at = (k: string) => (path ? `${path}.${k}` : k);
+    for (const [k, v] of Object.entries(value)) {
+      if (!(k in s.properties)) fail(`${CHART_DIR}/values.yaml has ${at(k)}, which ${SCHEMA} does not describe: add it there`);
+      walk(v, s.properties[k]!, at(k));
+    }
+    for (const k of Object.keys(s.properties)) if (!(k in value)) fail(`${SCHEMA} describes ${at(k)}, which ${CHART_DIR}/values.yaml does not have`);
+  };
+  walk(values, root, '');
+}
+
 /** Every generated file, path (from the repository's root) → content. */
 export function generate(root = ROOT): Map<string, string> {
   tree = root;
@@ -458,6 +512,7 @@ export function generate(root = ROOT): Map<string, string> {
 
 function generateFrom(root: string): Map<string, string> {
   const values = parse(read(`${CHART_DIR}/values.yaml`)) as unknown;
+  checkSchema(values);
   const { kustomization, images } = checkBase(values);
   const files = new Map<string, string>();
   for (const s of SOURCES) files.set(`${CHART_DIR}/templates/${s.to}`, templateFile(s, values, images));

@@ -1,8 +1,10 @@
-// The tools test/helm/build.sh builds from Go modules (helm, actionlint) and
-// the prometheus-operator CRDs it fetches, for the tests: from the variables
-// scripts/test.sh exports after building them, else by running build.sh
-// (cached; cold, helm takes minutes). Also: helm itself, run with argument
-// arrays, and the chart rendered.
+// The tools test/helm/build.sh builds from Go modules (helm 4, helm 3,
+// actionlint) and the prometheus-operator CRDs it fetches, for the tests:
+// from the variables scripts/test.sh exports after building them, else by
+// running build.sh (cached; cold, helm takes minutes). In CI (CI=true) a
+// missing variable fails instead: there scripts/test.sh must have built
+// them, and a silent build would hide that it did not. Also: helm itself,
+// run with argument arrays, and the chart rendered.
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import type { KubernetesObject } from '@kubernetes/client-node';
@@ -13,8 +15,10 @@ const BUILD = fileURLToPath(new URL('./build.sh', import.meta.url));
 export const CHART = fileURLToPath(new URL('../../deploy/helm/pier', import.meta.url));
 export const CHART_VALUES = fileURLToPath(new URL('../../deploy/helm/values/', import.meta.url));
 
-type Tool = 'helm' | 'actionlint' | 'prometheus-crds';
-const ENV: Record<Tool, string> = { helm: 'PIER_HELM', actionlint: 'PIER_ACTIONLINT', 'prometheus-crds': 'PIER_PROMETHEUS_CRDS' };
+type Tool = 'helm' | 'helm3' | 'actionlint' | 'prometheus-crds';
+const ENV: Record<Tool, string> = { helm: 'PIER_HELM', helm3: 'PIER_HELM3', actionlint: 'PIER_ACTIONLINT', 'prometheus-crds': 'PIER_PROMETHEUS_CRDS' };
+/** CI as GitHub Actions and most runners set it. */
+export const inCi = (env: NodeJS.ProcessEnv = process.env) => env['CI'] === 'true' || env['CI'] === '1';
 const loaded = new Map<Tool, Promise<string>>();
 
 function tool(what: Tool): Promise<string> {
@@ -23,6 +27,9 @@ function tool(what: Tool): Promise<string> {
     p = (async () => {
       const fromEnv = process.env[ENV[what]];
       if (fromEnv && existsSync(fromEnv)) return fromEnv;
+      if (inCi()) {
+        throw new Error(`${ENV[what]} is ${fromEnv ? `${fromEnv}, which does not exist` : 'not set'}: in CI scripts/test.sh exports it (bash test/helm/build.sh ${what}); no test builds it silently there`);
+      }
       // Progress on the test's stderr: a cold helm build takes minutes.
       const r = await execa('bash', [BUILD, what], { stdin: 'ignore', stderr: 'inherit', reject: false });
       if (r.exitCode !== 0) throw new Error(`test/helm/build.sh ${what} exited with ${r.exitCode} (its log is above)`);
@@ -35,6 +42,9 @@ function tool(what: Tool): Promise<string> {
 }
 
 export const helmPath = () => tool('helm');
+export const helm3Path = () => tool('helm3');
+/** Which helm runs: 4 (the tests' own, PIER_HELM) or 3 (PIER_HELM3), the two majors users run. */
+export type HelmMajor = 3 | 4;
 export const actionlintPath = () => tool('actionlint');
 /** The folder with monitoring.coreos.com_servicemonitors.yaml and monitoring.coreos.com_podmonitors.yaml. */
 export const prometheusCrdsDir = () => tool('prometheus-crds');
@@ -44,15 +54,15 @@ export const prometheusCrdsDir = () => tool('prometheus-crds');
  * user's ~/.cache/helm or ~/.config/helm); throws with helm's stderr when it
  * fails.
  */
-export async function helm(home: string, args: string[], opts: { kubeconfig?: string; input?: string } = {}): Promise<string> {
+export async function helm(home: string, args: string[], opts: { kubeconfig?: string; input?: string; major?: HelmMajor } = {}): Promise<string> {
   const env: Record<string, string> = {
     HELM_CACHE_HOME: `${home}/cache`,
     HELM_CONFIG_HOME: `${home}/config`,
     HELM_DATA_HOME: `${home}/data`,
   };
   if (opts.kubeconfig) env['KUBECONFIG'] = opts.kubeconfig;
-  const r = await execa(await helmPath(), args, { env, reject: false, ...(opts.input === undefined ? { stdin: 'ignore' as const } : { input: opts.input }) });
-  if (r.exitCode !== 0) throw new Error(`helm ${args.join(' ')} failed (${r.exitCode}):\n${r.stderr}\n${r.stdout}`);
+  const r = await execa(await (opts.major === 3 ? helm3Path() : helmPath()), args, { env, reject: false, ...(opts.input === undefined ? { stdin: 'ignore' as const } : { input: opts.input }) });
+  if (r.exitCode !== 0) throw new Error(`helm${opts.major === 3 ? '3' : ''} ${args.join(' ')} failed (${r.exitCode}):\n${r.stderr}\n${r.stdout}`);
   return r.stdout;
 }
 
@@ -71,7 +81,7 @@ export interface RenderedChart {
 }
 
 /** `helm template pier CHART --namespace pier-system` with `args` (e.g. --set, -f). */
-export async function template(home: string, args: string[] = []): Promise<RenderedChart> {
-  const yaml = await helm(home, ['template', 'pier', CHART, '--namespace', 'pier-system', ...args]);
+export async function template(home: string, args: string[] = [], major: HelmMajor = 4): Promise<RenderedChart> {
+  const yaml = await helm(home, ['template', 'pier', CHART, '--namespace', 'pier-system', ...args], { major });
   return { yaml, objects: parseYaml(yaml) };
 }

@@ -1,5 +1,7 @@
 // The Helm chart (deploy/helm/pier) with the real helm (test/helm/build.sh
-// builds it from its Go module): `helm lint`, `helm template` compared
+// builds helm 4 and helm 3 from their Go modules): `helm lint` with both
+// majors, which must also render the same objects, values.schema.json
+// refusing a typo'd key and a bad value with both, `helm template` compared
 // object by object with `kubectl kustomize` of deploy/ (the differences
 // named in test/helm/compare.ts, each with why), the values doing what
 // values.yaml says, and the chart installed, upgraded and uninstalled on a
@@ -25,6 +27,8 @@ const ctx = { version: pkg.version, owner: OWNER };
 const KIND = join(CHART_VALUES, 'kind.yaml');
 const K3S = join(CHART_VALUES, 'k3s.yaml');
 const MONITORS = ['--set', 'metrics.serviceMonitor.enabled=true', '--set', 'metrics.podMonitor.enabled=true'];
+/** The values helm lint is run with: the defaults, the k3s and kind values, everything switched on. */
+const LINTED = [[], ['-f', K3S], ['-f', KIND, ...MONITORS, '--set', 'backend=nftables', '--set', `agent.image.digest=sha256:${'a'.repeat(64)}`, '--set', 'maxAddresses=4']];
 
 const find = (objs: Obj[], kind: string, name: string) => {
   const o = objs.find((x) => x.kind === kind && x.metadata?.name === name);
@@ -51,13 +55,52 @@ describe('the Helm chart with the real helm', () => {
     if (work) rmSync(work, { recursive: true, force: true });
   });
 
-  it('passes helm lint --strict with its defaults, the k3s and kind values, and everything switched on', async () => {
-    const version = await helm(home, ['version', '--short']);
-    expect(version).toMatch(/^v4\.3\.1/);
-    for (const args of [[], ['-f', K3S], ['-f', KIND, ...MONITORS, '--set', 'backend=nftables', '--set', `agent.image.digest=sha256:${'a'.repeat(64)}`]]) {
-      const out = await helm(home, ['lint', '--strict', CHART, ...args]);
+  it.each([
+    [4, /^v4\.3\.1/],
+    [3, /^v3\.22\.0/],
+  ] as const)('passes helm %i lint --strict with its defaults, the k3s and kind values, and everything switched on', async (major, version) => {
+    expect(await helm(home, ['version', '--short'], { major })).toMatch(version);
+    for (const args of LINTED) {
+      const out = await helm(home, ['lint', '--strict', CHART, ...args], { major });
       expect(out, args.join(' ')).toMatch(/1 chart\(s\) linted, 0 chart\(s\) failed/);
     }
+  });
+
+  it('renders the same objects with helm 3 as with helm 4, object by object', async () => {
+    for (const args of [...LINTED, ['-f', KIND, '--set', 'metrics.service.enabled=false', '--set-json', 'reservedPorts=[]', '--set', 'maxAddresses=all']]) {
+      const [four, three] = await Promise.all([template(home, args, 4), template(home, args, 3)]);
+      const byKey = (objs: Obj[]) => new Map(objs.map((o) => [`${o.kind} ${o.metadata?.namespace ?? ''}/${o.metadata?.name}`, o]));
+      const [a, b] = [byKey(four.objects), byKey(three.objects)];
+      expect([...b.keys()].sort(), args.join(' ')).toEqual([...a.keys()].sort());
+      expect(a.size, args.join(' ')).toBe(four.objects.length);
+      for (const [key, o] of a) expect(b.get(key), `${key} (${args.join(' ')})`).toEqual(o);
+    }
+  });
+
+  // values.schema.json: Helm validates the values against it before rendering, in lint, template, install and upgrade alike.
+  it.each([3, 4] as const)('helm %i refuses, by values.schema.json, a typo\'d value and a value outside its set, naming it', async (major) => {
+    const refused = async (args: string[]) => {
+      const lint = helm(home, ['lint', '--strict', CHART, ...args], { major });
+      await expect(lint, `lint ${args.join(' ')}`).rejects.toThrow(/values don't meet the specifications of the schema/);
+      const err = await template(home, args, major).then(
+        () => undefined,
+        (e: Error) => e.message,
+      );
+      expect(err, `template ${args.join(' ')}`).toMatch(/values don't meet the specifications of the schema\(s\) in the following chart\(s\):\npier:/);
+      return err!;
+    };
+    expect(await refused(['--set', 'backnd=x'])).toMatch(/additional properties 'backnd' not allowed/);
+    expect(await refused(['--set', 'agent.apiServr=10.0.0.1:6443'])).toMatch(/at '\/agent': additional properties 'apiServr' not allowed/);
+    expect(await refused(['--set', 'backend=ipvs'])).toMatch(/at '\/backend': value must be one of '', 'iptables', 'nftables', 'auto'/);
+    expect(await refused(['--set', 'logLevel=verbose'])).toMatch(/at '\/logLevel': value must be one of/);
+    expect(await refused(['--set', 'controller.image.pullPolicy=Sometimes'])).toMatch(/at '\/controller\/image\/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'/);
+    expect(await refused(['--set', 'maxPortsPerService=1000000'])).toMatch(/at '\/maxPortsPerService': maximum: got .*, want 65,535/);
+    expect(await refused(['--set', 'defaultClass=yes'])).toMatch(/at '\/defaultClass': got string, want boolean/);
+    expect(await refused(['--set', 'extraConfig.RESYNC=30s'])).toMatch(/'RESYNC' does not match pattern '\^PIER_/);
+    // A typo in a values file too, and in a value only k3s/kind set.
+    const typo = join(work, `typo-${major}.yaml`);
+    writeFileSync(typo, 'agent:\n  apiserver: 127.0.0.1:6443\n');
+    expect(await refused(['-f', typo])).toMatch(/additional properties 'apiserver' not allowed/);
   });
 
   it.each([
@@ -97,18 +140,19 @@ describe('the Helm chart with the real helm', () => {
     const images = (await template(home, ['--set', `agent.image.digest=${digest}`, '--set', 'controller.image.tag=9.9.9', '--set', 'controller.image.repository=registry.example/pier-controller'])).objects;
     expect(container(images, 'DaemonSet', 'pier-agent').image).toBe(`ghcr.io/${OWNER}/pier-agent@${digest}`);
     expect(container(images, 'Deployment', 'pier-controller').image).toBe('registry.example/pier-controller:9.9.9');
-    await expect(template(home, ['--set', 'agent.image.digest=latest'])).rejects.toThrow(/image digest "latest": expected sha256:<hex>/);
+    // values.schema.json refuses it before _helpers.tpl's own check would.
+    await expect(template(home, ['--set', 'agent.image.digest=latest'])).rejects.toThrow(/at '\/agent\/image\/digest': 'latest' does not match pattern/);
 
     // Settings: one ConfigMap for both; a change rolls both (the checksum), a change of anything else rolls nothing.
     const valuesFile = join(work, 'settings.yaml');
-    writeFileSync(valuesFile, 'maxPortsPerService: 1000000\nreservedPorts: [22, 6443]\nextraConfig:\n  PIER_RESYNC_PERIOD: 30s\n');
+    writeFileSync(valuesFile, 'maxPortsPerService: 65535\nreservedPorts: [22, 6443]\nextraConfig:\n  PIER_RESYNC_PERIOD: 30s\n');
     const settings = (await template(home, ['-f', valuesFile, '--set', 'backend=nftables', '--set', 'defaultClass=true', '--set', 'defaultPool=edge', '--set', 'allocateRange=30000-30999', '--set', 'logLevel=debug'])).objects;
     expect(config(settings)).toEqual({
       PIER_DEFAULT_CLASS: 'true',
       PIER_DEFAULT_POOL: 'edge',
       PIER_RESERVED_PORTS: '22,6443',
       PIER_ALLOCATE_RANGE: '30000-30999',
-      PIER_MAX_PORTS_PER_SERVICE: '1000000',
+      PIER_MAX_PORTS_PER_SERVICE: '65535',
       PIER_LOG_LEVEL: 'debug',
       PIER_BACKEND: 'nftables',
       PIER_RESYNC_PERIOD: '30s',

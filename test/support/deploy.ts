@@ -59,10 +59,18 @@ export async function render(kustomization: (typeof KUSTOMIZATIONS)[number] | 'c
   return { yaml: stdout, objects };
 }
 
-/** `kubectl apply --server-side` of `yaml`; with `dryRun`, the server validates and admits but stores nothing. */
-export async function apply(kubeconfig: string, yaml: string, opts: { dryRun?: boolean } = {}): Promise<string> {
+/**
+ * `kubectl apply --server-side` of `yaml`; with `dryRun`, the server validates
+ * and admits but stores nothing. `forceConflicts` takes over fields another
+ * manager owns: after the README's client-side `kubectl apply -k`, its manager
+ * (kubectl-client-side-apply) owns the workloads' env fieldRefs, which the
+ * server completes (apiVersion: v1), so even deploy/base's own rendering
+ * conflicts there, and an overlay also on envFrom (its pier-config-<hash>).
+ */
+export async function apply(kubeconfig: string, yaml: string, opts: { dryRun?: boolean; forceConflicts?: boolean } = {}): Promise<string> {
   const args = ['--kubeconfig', kubeconfig, 'apply', '--server-side', '--field-manager=pier-tests', '-f', '-'];
   if (opts.dryRun) args.push('--dry-run=server');
+  if (opts.forceConflicts) args.push('--force-conflicts');
   const { stdout } = await execa(await kubectlPath(), args, { input: yaml });
   return stdout;
 }

@@ -8,11 +8,19 @@
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { execa } from 'execa';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { CHART_DIR, generate, ROOT, stale } from '../helm/generate.ts';
 
 const read = (file: string) => readFileSync(join(ROOT, file), 'utf8');
+
+/** values.schema.json's text with `change` made to its parsed JSON. */
+const schemaEdit = (text: string, change: (schema: any) => unknown) => {
+  const schema = JSON.parse(text);
+  change(schema);
+  return `${JSON.stringify(schema, null, 2)}\n`;
+};
 
 describe('the Helm chart, generated from deploy/', () => {
   const copies: string[] = [];
@@ -60,11 +68,25 @@ describe('the Helm chart, generated from deploy/', () => {
     ['a new file in the base', 'deploy/base/kustomization.yaml', (t: string) => t.replace('  - agent.yaml\n', '  - agent.yaml\n  - extra.yaml\n'), /lists extra\.yaml, which the chart does not carry/],
     ['another kind of overlay patch', 'deploy/overlays/k3s/agent-api-server.yaml', (t: string) => t.replace('value: 127.0.0.1:6443,127.0.0.1:6444', 'value: x\n            - name: OTHER\n              value: y'), /only a patch setting PIER_API_SERVER/],
     ['template text in a manifest', 'deploy/base/agent-rbac.yaml', (t: string) => `# {{ not for helm }}\n${t}`, /contains \{\{ or \}\}/],
+    ['a values.yaml key without a schema entry', `${CHART_DIR}/values.yaml`, (t: string) => t.replace('  replicas: 2\n', '  replicas: 2\n  priorityClassName: ""\n'), /values\.yaml has controller\.priorityClassName, which deploy\/helm\/pier\/values\.schema\.json does not describe/],
+    ['a schema entry without a values.yaml key', `${CHART_DIR}/values.schema.json`, (t: string) => schemaEdit(t, (s) => (s.properties.agent.properties.apiServerPort = { type: 'integer' })), /values\.schema\.json describes agent\.apiServerPort, which deploy\/helm\/pier\/values\.yaml does not have/],
+    ['a schema object with fixed keys that takes any other', `${CHART_DIR}/values.schema.json`, (t: string) => schemaEdit(t, (s) => delete s.properties.metrics.properties.service.additionalProperties), /metrics\.service has fixed keys, so it must refuse others \(additionalProperties: false\)/],
+    ['a schema entry without a type', `${CHART_DIR}/values.schema.json`, (t: string) => schemaEdit(t, (s) => delete s.properties.logLevel.type), /logLevel has no type/],
     ['a new image tag', 'deploy/base/kustomization.yaml', (t: string) => t.replace('    newTag: 0.1.0\n  - name: pier/agent', '    newTag: 0.2.0\n  - name: pier/agent'), /expected pier\/controller with newTag 0\.1\.0/],
   ])('refuses to generate from %s, naming it', (_what, file, change, message) => {
     const dir = copy();
     edit(dir, file, change);
     expect(() => generate(dir)).toThrow(message);
+  });
+
+  it('refuses, in CI (CI=true), to run without the helm 3 scripts/test.sh exports (PIER_HELM3), rather than build one silently', async () => {
+    const env = { ...process.env, CI: 'true', PIER_HELM3: '' };
+    const script = "const m = await import('./test/helm/tools.ts'); await m.helm3Path();";
+    const r = await execa(process.execPath, ['--input-type=module', '-e', script], { cwd: ROOT, env, reject: false, timeout: 30_000 });
+    expect(r.exitCode).not.toBe(0);
+    expect(r.stderr).toMatch(/PIER_HELM3 is not set: in CI scripts\/test\.sh exports it \(bash test\/helm\/build\.sh helm3\)/);
+    const missing = await execa(process.execPath, ['--input-type=module', '-e', script], { cwd: ROOT, env: { ...env, PIER_HELM3: '/nonexistent/helm' }, reject: false, timeout: 30_000 });
+    expect(missing.stderr).toMatch(/PIER_HELM3 is \/nonexistent\/helm, which does not exist/);
   });
 
   it('names one owner: package.json\'s repository, the chart\'s sources and default images, and the release workflow\'s registry', () => {
