@@ -359,7 +359,7 @@ function cgroupMounts(): string[] {
     .map((f) => f[4]!);
 }
 
-function createCgroups(id: string): NodeCgroup[] {
+export function createCgroups(id: string): NodeCgroup[] {
   return cgroupMounts().map((mount) => {
     const path = join(mount, id);
     mkdirSync(join(path, 'node'), { recursive: true });
@@ -375,7 +375,7 @@ function createCgroups(id: string): NodeCgroup[] {
 }
 
 /** Kills every process in the groups and below, until none is left. */
-function killCgroups(paths: string[]): void {
+export function killCgroups(paths: string[]): void {
   for (let round = 0; round < 50; round++) {
     const pids = new Set<number>();
     for (const path of paths) for (const group of walk(path)) for (const pid of readIfExists(join(group, 'cgroup.procs')).split('\n')) if (pid) pids.add(Number(pid));
@@ -391,7 +391,7 @@ function killCgroups(paths: string[]): void {
   }
 }
 
-function removeCgroups(paths: string[]): void {
+export function removeCgroups(paths: string[]): void {
   for (const path of paths) {
     for (const group of walk(path).reverse()) {
       for (let attempt = 0; attempt < 20; attempt++) {
@@ -417,14 +417,14 @@ function walk(path: string): string[] {
   return out;
 }
 
-function saveKubeletSysctls(): void {
+export function saveKubeletSysctls(): void {
   if (existsSync(SAVED_SYSCTLS)) return;
   const saved = Object.fromEntries(KUBELET_SYSCTLS.map((k) => [k, readIfExists(join('/proc/sys', k)).trim()]));
   writeFileSync(SAVED_SYSCTLS, JSON.stringify(saved));
 }
 
 /** Puts the kubelet's sysctls back once no node of any live run is left. */
-function restoreKubeletSysctls(): void {
+export function restoreKubeletSysctls(): void {
   if (liveNodeDirs().length > 0 || !existsSync(SAVED_SYSCTLS)) return;
   const saved = JSON.parse(readFileSync(SAVED_SYSCTLS, 'utf8')) as Record<string, string>;
   for (const [key, value] of Object.entries(saved)) {

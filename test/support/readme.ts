@@ -162,6 +162,16 @@ const ECHO_PORT: Substitution = {
   why: 'the echo image listens on 8080 (as an unprivileged user), where nginx listens on 80',
 };
 
+const K3S_TEST = 'test/e2e/k3s.test.ts';
+const K3S_INSTALL_TEST = "the README's k3s quick start: the images into k3s's containerd, kubectl apply -k deploy/overlays/k3s, rollout status";
+const K3S_HELLO_TEST = "the README's k3s quick start: kubectl create deployment hello + expose --type=LoadBalancer, get svc, curl from another machine; the node's address in the status, TCP answered by the pods";
+const K3S_UNINSTALL_TEST = 'uninstalls as the README says: kubectl delete -k deploy/overlays/k3s, then deploy/cleanup leaves no PIER chain and no pier table on the node';
+const CURL_ECHO: Substitution = {
+  find: 'curl http://',
+  replace: 'curl --silent --show-error --max-time 10 --http0.9 http://',
+  why: 'the echo image answers a connection with one JSON line naming the pod, not HTTP: curl prints it only with --http0.9; and a test must not wait forever',
+};
+
 /**
  * Every README command a test runs, by run id (what runReadme() takes). The
  * unit test test/unit/readme-commands.test.ts holds each id to a call in the
@@ -188,13 +198,7 @@ export const README_RUNS = {
     section: 'Quick start on kind',
     commands: ['kubectl get svc hello', "curl http://$(kubectl get svc hello -o jsonpath='{.status.loadBalancer.ingress[0].ip}'):8080/"],
     test: { file: 'test/e2e/real-node.test.ts', name: KIND_HELLO_TEST },
-    substitutions: [
-      {
-        find: 'curl http://',
-        replace: 'curl --silent --show-error --max-time 10 --http0.9 http://',
-        why: 'the echo image answers a connection with one JSON line naming the pod, not HTTP: curl prints it only with --http0.9; and a test must not wait forever',
-      },
-    ],
+    substitutions: [CURL_ECHO],
   },
   'status': {
     section: 'The first Service',
@@ -229,6 +233,11 @@ export const README_RUNS = {
     commands: SWEEP,
     test: { file: 'test/e2e/real-node.test.ts', name: UNINSTALL_TEST },
   },
+  'apply-base': {
+    section: 'On any other cluster, with kustomize',
+    commands: ['kubectl apply -k deploy/base'],
+    test: { file: 'test/e2e/deploy.test.ts', name: 'is admitted by the API server: base applied as the README writes it (kubectl apply -k deploy/base), every kustomization by server-side dry run' },
+  },
   'helm-install': {
     section: 'With Helm',
     commands: [
@@ -255,6 +264,62 @@ export const README_RUNS = {
     section: 'Uninstall',
     commands: SWEEP,
     test: { file: 'test/e2e/helm.test.ts', name: HELM_UNINSTALL_TEST },
+  },
+  // The k3s quick start on a real k3s server (test/k3s/: built from its Go
+  // module, cached; the test skips, saying so, when the cache is cold). The
+  // lines run on the k3s node, as a reader on the k3s machine types them
+  // (runReadme's `wrap`), but the curl, which runs on another machine.
+  'k3s-import': {
+    section: 'Quick start on k3s',
+    commands: ['docker save pier/controller:0.1.0 pier/agent:0.1.0 | sudo k3s ctr images import -'],
+    test: { file: K3S_TEST, name: K3S_INSTALL_TEST },
+    substitutions: [
+      {
+        find: 'docker save pier/controller:0.1.0 pier/agent:0.1.0',
+        replace: 'cat "$IMAGES_ARCHIVE"',
+        why: 'no Docker engine here: test/images/build.sh builds both images with buildah, one docker-archive each; the test merges the two into one docker-archive holding both images, as `docker save` of two images writes',
+      },
+      {
+        find: 'sudo k3s ctr',
+        replace: 'ctr',
+        why: 'no sudo here (the tests run as root, on the k3s node, whose mount namespace holds k3s\'s containerd socket); and `k3s ctr` is the release\'s `k3s` wrapper (cmd/k3s) running its bundled multi-call binary as `ctr`, a wrapper whose payload the Go module lacks: test/k3s/build.sh builds that multi-call binary (cmd/server), and `ctr` is a link to it, as the k3s installer links ctr to k3s: k3s\'s own ctr, with k3s\'s socket and the k8s.io namespace as defaults',
+      },
+    ],
+  },
+  'k3s-install': {
+    section: 'Quick start on k3s',
+    commands: ['kubectl apply -k deploy/overlays/k3s', 'kubectl -n pier-system rollout status deploy/pier-controller ds/pier-agent'],
+    test: { file: K3S_TEST, name: K3S_INSTALL_TEST },
+  },
+  'k3s-hello': {
+    section: 'Quick start on k3s',
+    commands: ['kubectl create deployment hello --image=nginx --replicas=2', 'kubectl expose deployment hello --type=LoadBalancer --port=8080 --target-port=80'],
+    test: { file: K3S_TEST, name: K3S_HELLO_TEST },
+    substitutions: [IMAGE_NGINX, ECHO_PORT],
+  },
+  'k3s-get-svc': {
+    section: 'Quick start on k3s',
+    commands: ['kubectl get svc hello'],
+    test: { file: K3S_TEST, name: K3S_HELLO_TEST },
+  },
+  'k3s-curl': {
+    section: 'Quick start on k3s',
+    commands: ['curl http://<node address>:8080/'],
+    test: { file: K3S_TEST, name: K3S_HELLO_TEST },
+    substitutions: [
+      CURL_ECHO,
+      { find: '<node address>', replace: '"$NODE_ADDRESS"', why: 'the README\'s placeholder, filled from the environment: the k3s node\'s address, from the status' },
+    ],
+  },
+  'uninstall-k3s': {
+    section: 'Uninstall',
+    commands: ['kubectl delete -k deploy/overlays/k3s'],
+    test: { file: K3S_TEST, name: K3S_UNINSTALL_TEST },
+  },
+  'uninstall-k3s-sweep': {
+    section: 'Uninstall',
+    commands: SWEEP,
+    test: { file: K3S_TEST, name: K3S_UNINSTALL_TEST },
   },
   'demo-get-svc': {
     section: 'The first Service',
@@ -296,31 +361,26 @@ export const README_NOT_RUN: readonly { section: string; command: string; reason
     'docker save',
     'podman save -o agent.tar pier/agent:0.1.0',
     'ctr -n k8s.io images import agent.tar',
-    'k3s ctr images import agent.tar',
   ].map((command) => ({
     section: 'The images',
     command,
-    reason: 'no kind, Docker engine, podman or k3s here; the real-node cluster imports the buildah-built archives into each node\'s containerd with ctr (test/cluster/node.ts), not with this line',
+    reason: 'no kind, Docker engine or podman here; the real-node cluster imports the buildah-built archives into each node\'s containerd with ctr (test/cluster/node.ts), not with this line',
   })),
+  {
+    section: 'The images',
+    command: 'k3s ctr images import agent.tar',
+    reason: 'not this line: test/e2e/k3s.test.ts runs the k3s quick start\'s `k3s ctr images import -` (the same command, the archive on stdin) on a real k3s',
+  },
   {
     section: 'The images',
     command: 'kustomize edit set image pier/controller=REGISTRY/pier-controller:TAG',
     reason: 'needs a registry of one\'s own (REGISTRY); no test pushes to one',
   },
-  ...[
-    'curl -sfL https://get.k3s.io | INSTALL_K3S_EXEC="--disable=servicelb" sh -',
-    'docker save pier/controller:0.1.0 pier/agent:0.1.0 | sudo k3s ctr images import -',
-    'kubectl apply -k deploy/overlays/k3s',
-    'kubectl -n pier-system rollout status deploy/pier-controller ds/pier-agent',
-    'kubectl create deployment hello --image=nginx --replicas=2',
-    'kubectl expose deployment hello --type=LoadBalancer --port=8080 --target-port=80',
-    'kubectl get svc hello',
-    'curl http://<node address>:8080/',
-  ].map((command) => ({
+  {
     section: 'Quick start on k3s',
-    command,
-    reason: 'k3s is not in the suite yet (issue 30: "k3s in the suite, behind a cache"); the quick start ran once by hand (docs/install.md). The kind quick start\'s identical kubectl lines run in test/e2e/real-node.test.ts',
-  })),
+    command: 'curl -sfL https://get.k3s.io | INSTALL_K3S_EXEC="--disable=servicelb" sh -',
+    reason: 'the installer downloads k3s from GitHub and installs a systemd unit; neither GitHub nor systemd is here. test/e2e/k3s.test.ts runs `k3s server` itself, built from the k3s Go module at the same release (test/k3s/build.sh), with this line\'s --disable=servicelb and what else cannot run here, each flag with its reason (test/k3s/k3s.ts, K3S_DISABLED)',
+  },
   ...['kind create cluster', 'kind load docker-image pier/controller:0.1.0 pier/agent:0.1.0'].map((command) => ({
     section: 'Quick start on kind',
     command,
@@ -330,11 +390,6 @@ export const README_NOT_RUN: readonly { section: string; command: string; reason
     section: 'Quick start on kind',
     command: 'kind create cluster --name X',
     reason: 'no kind here',
-  },
-  {
-    section: 'On any other cluster, with kustomize',
-    command: 'kubectl apply -k deploy/base',
-    reason: 'not as written: test/e2e/deploy.test.ts applies deploy/base\'s rendering (kubectl kustomize) server-side to a real API server, and the real-node tests install the kind overlay built on it',
   },
   {
     section: 'Uninstall',
@@ -424,6 +479,14 @@ export interface ReadmeRunOptions {
   env?: Record<string, string>;
   /** Per command; default 5 minutes. */
   timeoutMs?: number;
+  /**
+   * Where the reader would type the lines: a command prefix `bash` runs
+   * under (test/k3s/k3s.ts's node wrapper, or `ip netns exec CLIENT`), the
+   * environment passed through. Default: this machine, as it is.
+   */
+  wrap?: readonly string[];
+  /** Folders put ahead of PATH (after kubectl's and helm's), such as the k3s binary's. */
+  path?: readonly string[];
 }
 
 export interface ReadmeResult {
@@ -453,7 +516,8 @@ async function toolsDir(lines: string[]): Promise<{ dir: string; done: () => voi
 }
 
 function runEnv(bin: string, opts: ReadmeRunOptions): Record<string, string> {
-  return { PATH: `${bin}:${process.env['PATH'] ?? '/usr/bin:/bin'}`, ...(opts.kubeconfig && { KUBECONFIG: opts.kubeconfig }), ...opts.env };
+  const path = [bin, ...(opts.path ?? []), process.env['PATH'] ?? '/usr/bin:/bin'].join(':');
+  return { PATH: path, ...(opts.kubeconfig && { KUBECONFIG: opts.kubeconfig }), ...opts.env };
 }
 
 function describeRun(id: ReadmeRunId): string {
@@ -470,7 +534,9 @@ export async function runReadme(id: ReadmeRunId, opts: ReadmeRunOptions = {}): P
   try {
     console.log(describeRun(id));
     for (const line of lines) {
-      const r = await execa('bash', ['-o', 'pipefail', '-c', line], { cwd: ROOT, env: runEnv(tools.dir, opts), stdin: 'ignore', reject: false, timeout: opts.timeoutMs ?? 300_000 });
+      // Under a wrapper, `env -C` puts the command back in the repository's root (nsenter --mount starts it in /).
+      const [file, ...prefix] = opts.wrap ? [...opts.wrap, 'env', '-C', ROOT, 'bash'] : ['bash'];
+      const r = await execa(file!, [...prefix, '-o', 'pipefail', '-c', line], { cwd: ROOT, env: runEnv(tools.dir, opts), stdin: 'ignore', reject: false, timeout: opts.timeoutMs ?? 300_000 });
       console.log(`[readme] $ ${line}${r.stdout ? `\n${r.stdout}` : ''}`);
       if (r.exitCode !== 0) throw new Error(`README command \`${line}\` (run ${id}) failed (${r.exitCode ?? r.signal}):\n${r.stderr}\n${r.stdout}`);
       results.push({ line, stdout: String(r.stdout), stderr: String(r.stderr) });
