@@ -447,6 +447,11 @@ export const README_NOT_RUN: readonly { section: string; command: string; reason
     command: './scripts/test.sh --project unit',
     reason: 'the suite\'s own entry point (see ./scripts/test.sh)',
   },
+  {
+    section: 'Testing',
+    command: 'bash test/k3s/build.sh',
+    reason: 'k3s\'s cold build (13 to 25 minutes of two cores) would push CI past its time; test/e2e/k3s.test.ts runs this very script only when told to (PIER_K3S=build), and uses what it built',
+  },
 ];
 
 /** The README's text of `section`'s command `text`, or an error naming what the README has there. */
