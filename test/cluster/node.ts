@@ -83,10 +83,30 @@ interface Proc {
   log: string;
 }
 
-export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeNode> {
+/**
+ * What makes a folder and a network namespace a node: the folder (a
+ * `pier-node-` one, which sweepStaleNodes() clears after a crashed run), the
+ * node's cgroups, the kubelet's sysctls saved, a holder process keeping the
+ * node's mount namespace (node.sh), and a way to run commands in it. stop()
+ * undoes all of it, also when the test process exits first.
+ */
+export interface NodeSandbox {
+  readonly dir: string;
+  /** The folder's name, also the node's cgroup name. */
+  readonly id: string;
+  /** The prefix that runs a command inside the node (its network and mount namespaces, its cgroups). */
+  readonly wrap: readonly string[];
+  exec: KubeNode['exec'];
+  /** Starts a long-running process inside the node, its output in `<dir>/<name>.log`. */
+  spawn(name: string, file: string, args: string[]): Proc;
+  readonly stopped: boolean;
+  /** Kills everything in the node's cgroups and removes what opening it made. */
+  stop(): void;
+}
+
+export async function openNodeSandbox(opts: { name: string; netns: string; prefix?: string }): Promise<NodeSandbox> {
   sweepStaleNodes();
-  const bin = await ensureBinaries();
-  const dir = mkdtempSync(join(tmpdir(), TMP_PREFIX));
+  const dir = mkdtempSync(join(tmpdir(), opts.prefix ?? TMP_PREFIX));
   const id = basename(dir);
   writeFileSync(join(dir, 'owner.pid'), String(process.pid));
   const groups = createCgroups(id);
@@ -94,7 +114,6 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
   const joinGroups = groups.map((g) => g.node).join(':');
   saveKubeletSysctls();
 
-  const procs = new Map<string, Proc>();
   let stopped = false;
   const stopSync = () => {
     if (stopped) return;
@@ -105,23 +124,47 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
     restoreKubeletSysctls();
   };
   const unregister = atExit(stopSync);
+  const stop = () => {
+    stopSync();
+    unregister();
+  };
+  try {
+    const holder = spawnLogged(dir, 'holder', NODE_SH, ['hold', joinGroups, opts.netns]);
+    await waitFor(`node ${opts.name}'s namespaces`, 10_000, holder, async () => readIfExists(holder.log).includes('ready'));
+    const wrap = [NODE_SH, 'run', joinGroups, String(holder.child.pid!), '--'];
+    return {
+      dir,
+      id,
+      wrap,
+      async exec(file, args, o = {}) {
+        const r = await execa(wrap[0]!, [...wrap.slice(1), file, ...args], { reject: o.reject ?? true, input: o.input });
+        return { stdout: String(r.stdout), stderr: String(r.stderr), exitCode: r.exitCode ?? -1 };
+      },
+      spawn: (name, file, args) => spawnLogged(dir, name, wrap[0]!, [...wrap.slice(1), file, ...args]),
+      get stopped() {
+        return stopped;
+      },
+      stop,
+    };
+  } catch (err) {
+    const log = tail(readIfExists(join(dir, 'holder.log')), 25);
+    stop();
+    throw new Error(`node ${opts.name}: ${(err as Error).message}\n--- holder (last lines) ---\n${log}`, { cause: err });
+  }
+}
 
-  const spawn = (name: string, args: string[]): Proc => {
-    const proc = spawnLogged(dir, name, NODE_SH, args);
+export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeNode> {
+  const bin = await ensureBinaries();
+  const box = await openNodeSandbox({ name: spec.name, netns: spec.netns });
+  const { dir, id, exec } = box;
+  const procs = new Map<string, Proc>();
+  const inNode = (name: string, file: string, args: string[]) => {
+    const proc = box.spawn(name, file, args);
     procs.set(name, proc);
     return proc;
   };
 
   try {
-    const holder = spawn('holder', ['hold', joinGroups, spec.netns]);
-    await waitFor(`node ${spec.name}'s namespaces`, 10_000, holder, async () => readIfExists(holder.log).includes('ready'));
-    const holderPid = holder.child.pid!;
-    const inNode = (name: string, file: string, args: string[]) => spawn(name, ['run', joinGroups, String(holderPid), '--', file, ...args]);
-    const exec: KubeNode['exec'] = async (file, args, opts = {}) => {
-      const r = await execa(NODE_SH, ['run', joinGroups, String(holderPid), '--', file, ...args], { reject: opts.reject ?? true, input: opts.input });
-      return { stdout: String(r.stdout), stderr: String(r.stderr), exitCode: r.exitCode ?? -1 };
-    };
-
     // The lab's nodes have no default route. Packets to a ClusterIP need a
     // route before kube-proxy's nat OUTPUT rules can rewrite them, as the
     // default route gives them on a real node: the uplink, for the Service ranges.
@@ -143,7 +186,7 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
     const sock = join(dir, 'containerd.sock');
     writeFileSync(join(dir, 'containerd.toml'), containerdConfig(dir, sock));
     mkdirSync(join(dir, 'net.d'));
-    writeFileSync(join(dir, 'net.d', '10-pier-test.conflist'), JSON.stringify(cniConfig(spec, dir), null, 2));
+    writeFileSync(join(dir, 'net.d', '10-pier-test.conflist'), JSON.stringify(cniConfig('pier-test', spec.podCidrs, dir), null, 2));
     inNode('containerd', 'containerd', ['--config', join(dir, 'containerd.toml')]);
     const ctr = (args: string[]) => exec('ctr', ['--address', sock, '--namespace', 'k8s.io', ...args], { reject: false });
     await waitFor(`containerd on ${spec.name}`, 30_000, procs.get('containerd')!, async () => (await ctr(['version'])).exitCode === 0);
@@ -203,7 +246,7 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
         return tail(readIfExists(join(dir, `${component}.log`)), lines);
       },
       async stop() {
-        if (stopped) return;
+        if (box.stopped) return;
         // The kubelet first, so that it does not restart what is killed next.
         for (const name of ['kubelet', 'kube-proxy']) {
           const p = procs.get(name);
@@ -213,8 +256,7 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
           await p.child;
           clearTimeout(t);
         }
-        stopSync();
-        unregister();
+        box.stop();
       },
     };
     return node;
@@ -222,8 +264,7 @@ export async function startNode(cp: ControlPlane, spec: NodeSpec): Promise<KubeN
     const logs = ['containerd', 'kubelet', 'kube-proxy', 'holder']
       .map((c) => `--- ${c} (last lines) ---\n${tail(readIfExists(join(dir, `${c}.log`)), 25)}`)
       .join('\n');
-    stopSync();
-    unregister();
+    box.stop();
     throw new Error(`node ${spec.name} failed to start: ${(err as Error).message}\n${logs}`, { cause: err });
   }
 }
@@ -257,6 +298,15 @@ function containerdConfig(dir: string, sock: string): string {
     // Permission denied". containerd then clamps each container's value to
     // its own, as it does for rootless nodes.
     '  restrict_oom_score_adj = true',
+    ...criRuntimeAndCni(join(dir, 'net.d')),
+    '',
+  ].join('\n');
+}
+
+/** The CRI plugin's runtime (runc, overlayfs, cgroupfs) and CNI sections of a containerd config, for the nodes' and k3s's. */
+export function criRuntimeAndCni(cniConfDir: string): string[] {
+  const q = JSON.stringify;
+  return [
     '  [plugins."io.containerd.grpc.v1.cri".containerd]',
     '    snapshotter = "overlayfs"',
     '    default_runtime_name = "runc"',
@@ -266,16 +316,15 @@ function containerdConfig(dir: string, sock: string): string {
     '        SystemdCgroup = false',
     '  [plugins."io.containerd.grpc.v1.cri".cni]',
     `    bin_dir = ${q(CNI_BIN)}`,
-    `    conf_dir = ${q(join(dir, 'net.d'))}`,
-    '',
-  ].join('\n');
+    `    conf_dir = ${q(cniConfDir)}`,
+  ];
 }
 
-/** bridge + host-local on the node's pod subnets (as kind's and k3s's default CNIs do), portmap for hostPorts. */
-function cniConfig(spec: NodeSpec, dir: string) {
+/** bridge + host-local on the node's pod subnets (as kind's and k3s's default CNIs do), portmap for hostPorts; IPAM state under `dir`. */
+export function cniConfig(name: string, podCidrs: readonly string[], dir: string) {
   return {
     cniVersion: '1.0.0',
-    name: 'pier-test',
+    name,
     plugins: [
       {
         type: 'bridge',
@@ -285,8 +334,8 @@ function cniConfig(spec: NodeSpec, dir: string) {
         hairpinMode: true,
         ipam: {
           type: 'host-local',
-          ranges: spec.podCidrs.map((subnet) => [{ subnet }]),
-          routes: spec.podCidrs.map((c) => ({ dst: c.includes(':') ? '::/0' : '0.0.0.0/0' })),
+          ranges: podCidrs.map((subnet) => [{ subnet }]),
+          routes: podCidrs.map((c) => ({ dst: c.includes(':') ? '::/0' : '0.0.0.0/0' })),
           dataDir: join(dir, 'ipam'),
         },
       },
@@ -359,7 +408,7 @@ function cgroupMounts(): string[] {
     .map((f) => f[4]!);
 }
 
-export function createCgroups(id: string): NodeCgroup[] {
+function createCgroups(id: string): NodeCgroup[] {
   return cgroupMounts().map((mount) => {
     const path = join(mount, id);
     mkdirSync(join(path, 'node'), { recursive: true });
@@ -375,7 +424,7 @@ export function createCgroups(id: string): NodeCgroup[] {
 }
 
 /** Kills every process in the groups and below, until none is left. */
-export function killCgroups(paths: string[]): void {
+function killCgroups(paths: string[]): void {
   for (let round = 0; round < 50; round++) {
     const pids = new Set<number>();
     for (const path of paths) for (const group of walk(path)) for (const pid of readIfExists(join(group, 'cgroup.procs')).split('\n')) if (pid) pids.add(Number(pid));
@@ -391,7 +440,7 @@ export function killCgroups(paths: string[]): void {
   }
 }
 
-export function removeCgroups(paths: string[]): void {
+function removeCgroups(paths: string[]): void {
   for (const path of paths) {
     for (const group of walk(path).reverse()) {
       for (let attempt = 0; attempt < 20; attempt++) {
@@ -417,14 +466,14 @@ function walk(path: string): string[] {
   return out;
 }
 
-export function saveKubeletSysctls(): void {
+function saveKubeletSysctls(): void {
   if (existsSync(SAVED_SYSCTLS)) return;
   const saved = Object.fromEntries(KUBELET_SYSCTLS.map((k) => [k, readIfExists(join('/proc/sys', k)).trim()]));
   writeFileSync(SAVED_SYSCTLS, JSON.stringify(saved));
 }
 
 /** Puts the kubelet's sysctls back once no node of any live run is left. */
-export function restoreKubeletSysctls(): void {
+function restoreKubeletSysctls(): void {
   if (liveNodeDirs().length > 0 || !existsSync(SAVED_SYSCTLS)) return;
   const saved = JSON.parse(readFileSync(SAVED_SYSCTLS, 'utf8')) as Record<string, string>;
   for (const [key, value] of Object.entries(saved)) {

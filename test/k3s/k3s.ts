@@ -13,22 +13,16 @@
 //    all of it;
 //  - state lives in one temporary folder.
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { execa } from 'execa';
-import { atExit } from '../support/cleanup.ts';
-import { readIfExists, SERVICE_CIDRS, spawnLogged, tail, waitFor } from '../cluster/controlplane.ts';
-import { createCgroups, killCgroups, PAUSE_IMAGE, removeCgroups, restoreKubeletSysctls, saveKubeletSysctls, sweepStaleNodes, type ExecResult } from '../cluster/node.ts';
+import { readIfExists, SERVICE_CIDRS, tail, waitFor } from '../cluster/controlplane.ts';
+import { cniConfig, criRuntimeAndCni, openNodeSandbox, PAUSE_IMAGE, type ExecResult } from '../cluster/node.ts';
 import type { LabNode } from '../lab/lab.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = join(HERE, '../..');
-const NODE_SH = join(HERE, '../cluster/node.sh');
 export const BUILD_SH = join(HERE, 'build.sh');
-/** Where Debian's containernetworking-plugins installs the CNI plugins. */
-const CNI_BIN = '/usr/lib/cni';
 
 /** The release build.sh builds (its K3S_VERSION line: one place for it). */
 export const K3S_VERSION = /^K3S_VERSION=(\S+)$/m.exec(readFileSync(BUILD_SH, 'utf8'))![1]!;
@@ -86,38 +80,13 @@ export interface K3sOptions {
 
 export async function startK3s(opts: K3sOptions): Promise<K3sNode> {
   if (!existsSync(K3S_BINARY)) throw new Error(`no k3s at ${K3S_BINARY}: bash test/k3s/build.sh`);
-  sweepStaleNodes();
   const { node } = opts;
   // A `pier-node-` folder: node.ts's sweep kills what a crashed run left in its cgroups.
-  const dir = mkdtempSync(join(tmpdir(), 'pier-node-k3s-'));
-  const id = basename(dir);
-  writeFileSync(join(dir, 'owner.pid'), String(process.pid));
-  const groups = createCgroups(id);
-  writeFileSync(join(dir, 'cgroups'), groups.map((g) => g.path).join('\n'));
-  const joinGroups = groups.map((g) => g.node).join(':');
-  saveKubeletSysctls();
-
-  let stopped = false;
-  const stopSync = () => {
-    if (stopped) return;
-    stopped = true;
-    killCgroups(groups.map((g) => g.path));
-    removeCgroups(groups.map((g) => g.path));
-    rmSync(dir, { recursive: true, force: true });
-    restoreKubeletSysctls();
-  };
-  const unregister = atExit(stopSync);
+  const box = await openNodeSandbox({ name: node.name, netns: node.ns, prefix: 'pier-node-k3s-' });
+  const { dir, id, wrap, exec } = box;
   const k3sLog = join(dir, 'k3s.log');
 
   try {
-    const holder = spawnLogged(dir, 'holder', NODE_SH, ['hold', joinGroups, node.ns]);
-    await waitFor(`node ${node.name}'s namespaces`, 10_000, holder, async () => readIfExists(holder.log).includes('ready'));
-    const wrap = [NODE_SH, 'run', joinGroups, String(holder.child.pid!), '--'];
-    const exec: K3sNode['exec'] = async (file, args, o = {}) => {
-      const r = await execa(wrap[0]!, [...wrap.slice(1), file, ...args], { reject: o.reject ?? true, input: o.input });
-      return { stdout: String(r.stdout), stderr: String(r.stderr), exitCode: r.exitCode ?? -1 };
-    };
-
     // k3s writes /etc/rancher/node/password (and /etc/rancher/node/id), a
     // path no flag moves: /etc is overlaid in the node's mount namespace, so
     // what k3s writes there lands in the node's folder.
@@ -138,7 +107,7 @@ export async function startK3s(opts: K3sOptions): Promise<K3sNode> {
     mkdirSync(join(data, 'agent/etc/containerd'), { recursive: true });
     writeFileSync(join(data, 'agent/etc/containerd/config.toml.tmpl'), containerdTemplate(join(dir, 'net.d')));
     mkdirSync(join(dir, 'net.d'));
-    writeFileSync(join(dir, 'net.d', '10-pier-k3s.conflist'), JSON.stringify(cniConfig(node, dir), null, 2));
+    writeFileSync(join(dir, 'net.d', '10-pier-k3s.conflist'), JSON.stringify(cniConfig('pier-k3s', [node.podCidrV4, node.podCidrV6], dir), null, 2));
     // Air-gap images k3s imports at start: the sandbox image and the test pods' image.
     mkdirSync(join(data, 'agent/images'), { recursive: true });
     for (const archive of opts.preload) symlinkSync(archive, join(data, 'agent/images', basename(archive)));
@@ -165,7 +134,7 @@ export async function startK3s(opts: K3sOptions): Promise<K3sNode> {
       '--kube-proxy-arg=conntrack-tcp-timeout-close-wait=0s',
     ];
     // env -u: k3s picks the systemd cgroup driver when INVOCATION_ID is set (a systemd unit); this node has none.
-    const k3s = spawnLogged(dir, 'k3s', wrap[0]!, [...wrap.slice(1), 'env', '-u', 'INVOCATION_ID', K3S_BINARY, ...args]);
+    const k3s = box.spawn('k3s', 'env', ['-u', 'INVOCATION_ID', K3S_BINARY, ...args]);
 
     const kubectl: K3sNode['kubectl'] = async (kargs, o = {}) => {
       const r = await exec(opts.kubectl, ['--kubeconfig', kubeconfig, ...kargs], { reject: false, input: o.input });
@@ -187,25 +156,22 @@ export async function startK3s(opts: K3sOptions): Promise<K3sNode> {
       kubectl,
       log: (lines = 40) => tail(readIfExists(k3sLog), lines),
       async stop() {
-        if (stopped) return;
+        if (box.stopped) return;
         k3s.child.kill('SIGTERM');
         const t = setTimeout(() => k3s.child.kill('SIGKILL'), 10_000);
         await k3s.child;
         clearTimeout(t);
-        stopSync();
-        unregister();
+        box.stop();
       },
     };
   } catch (err) {
     const logs = `--- k3s (last lines) ---\n${tail(readIfExists(k3sLog), 40)}`;
-    stopSync();
-    unregister();
+    box.stop();
     throw new Error(`k3s on ${node.name} failed to start: ${(err as Error).message}\n${logs}`, { cause: err });
   }
 }
 
 function containerdTemplate(cniConfDir: string): string {
-  const q = JSON.stringify;
   return [
     '# pier\'s test: k3s\'s own template (pkg/agent/templates) with this machine\'s needs; see test/k3s/k3s.ts.',
     'version = 2',
@@ -219,43 +185,9 @@ function containerdTemplate(cniConfDir: string): string {
     '  sandbox_image = "{{ .NodeConfig.AgentConfig.PauseImage }}"',
     '  enable_cdi = false',
     '  restrict_oom_score_adj = true',
-    '  [plugins."io.containerd.grpc.v1.cri".containerd]',
-    '    snapshotter = "overlayfs"',
-    '    default_runtime_name = "runc"',
-    '    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]',
-    '      runtime_type = "io.containerd.runc.v2"',
-    '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]',
-    '        SystemdCgroup = false',
-    '  [plugins."io.containerd.grpc.v1.cri".cni]',
-    `    bin_dir = ${q(CNI_BIN)}`,
-    `    conf_dir = ${q(cniConfDir)}`,
+    ...criRuntimeAndCni(cniConfDir),
     '  [plugins."io.containerd.grpc.v1.cri".registry]',
     '    config_path = "{{ .NodeConfig.Containerd.Registry }}"',
     '',
   ].join('\n');
-}
-
-/** bridge + host-local on the node's pod subnets (node.ts's, on k3s's cluster CIDRs), portmap for hostPorts. */
-function cniConfig(node: LabNode, dir: string) {
-  const cidrs = [node.podCidrV4, node.podCidrV6];
-  return {
-    cniVersion: '1.0.0',
-    name: 'pier-k3s',
-    plugins: [
-      {
-        type: 'bridge',
-        bridge: 'cni0',
-        isGateway: true,
-        ipMasq: false,
-        hairpinMode: true,
-        ipam: {
-          type: 'host-local',
-          ranges: cidrs.map((subnet) => [{ subnet }]),
-          routes: cidrs.map((c) => ({ dst: c.includes(':') ? '::/0' : '0.0.0.0/0' })),
-          dataDir: join(dir, 'ipam'),
-        },
-      },
-      { type: 'portmap', capabilities: { portMappings: true } },
-    ],
-  };
 }
