@@ -20,7 +20,7 @@
 // 5. A table of every spec and its outcome; exit 1 when an applicable spec failed.
 //
 // Specs that do not apply to pier are skipped by name, with the reason (SKIPPED_BY_NAME).
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -309,8 +309,11 @@ async function main(): Promise<number> {
     log('stopping the cluster');
     await cluster?.stop();
   }
-  log(`each spec's output and junit report: ${work}/spec-*/`);
-  return outcomes.some((o) => o.state === 'failed' || o.state === 'timed out' || o.state === 'error') ? 1 : 0;
+  const failed = outcomes.some((o) => o.state === 'failed' || o.state === 'timed out' || o.state === 'error');
+  // ~110 MB a run: kept only when there is a failure to read in it.
+  if (failed) log(`each spec's output and junit report, kept: ${work}/spec-*/`);
+  else rmSync(work, { recursive: true, force: true });
+  return failed ? 1 : 0;
 }
 
 main().then(
