@@ -401,7 +401,7 @@ async function main(): Promise<void> {
         byKey,
       };
       row(`steady ${fmtMs(STEADY_MS)}: API requests/s (apiserver_request_total, all clients, no WATCH)`, totalRps.toFixed(1));
-      row('  agent Lease renewers: requests/s sent (GET + PUT per renewal); Lease writes/s', `${agentRps.toFixed(1)}; ${agentLeaseWritesPs.toFixed(1)}`);
+      row('  agent Lease renewers: requests/s sent (a PUT per renewal, a GET after a conflict); Lease writes/s', `${agentRps.toFixed(1)}; ${agentLeaseWritesPs.toFixed(1)}`);
       row('  kwok (the kubelets): node Lease writes/s; Node status writes/s', `${nodeLeaseWritesPs.toFixed(1)}; ${nodeWritesPs.toFixed(2)}`);
       row('  the rest (the controller, kwok\'s reads, this benchmark): requests/s', steady.otherRps.toFixed(1));
       row('  by verb and resource', byKey.slice(0, 6).map(([k, r]) => `${k} ${r.toFixed(1)}`).join(', '));
@@ -495,7 +495,7 @@ if (results.length > 0) {
   line('it comes back: -> controller done', results.map((r) => fmtMs(r.back.ms)));
   line('it comes back: status writes', results.map((r) => String(r.back.writes)));
   line('steady: API requests/s, all clients (apiserver_request_total, no WATCH)', results.map((r) => r.steady.totalRps.toFixed(0)));
-  line('steady: agent Lease renewers, requests/s (GET + PUT)', results.map((r) => r.steady.agentRps.toFixed(0)));
+  line('steady: agent Lease renewers, requests/s', results.map((r) => r.steady.agentRps.toFixed(0)));
   line('steady: agent Lease writes/s', results.map((r) => r.steady.agentLeaseWritesPs.toFixed(0)));
   line('steady: kwok node Lease writes/s (the kubelets\')', results.map((r) => r.steady.nodeLeaseWritesPs.toFixed(0)));
   line('steady: kwok Node status writes/s', results.map((r) => r.steady.nodeWritesPs.toFixed(1)));
