@@ -22,7 +22,7 @@ import { HeadStart } from './engine/headstart.ts';
 import { nodeAddresses, problemKey, servedFamily, type Model, type Problem } from './engine/model.ts';
 import { agentMetrics, type AgentMetrics } from './metrics.ts';
 import { checkForwarding } from './sysctl.ts';
-import { Conntrack, describeCheck, flowFrontends, frontendsToCheck, type FlowFrontends } from './conntrack.ts';
+import { Conntrack, describeCheck, flowBaseline, frontendsToCheck, type FlowBaseline } from './conntrack.ts';
 import { commandRunner, type Runner } from '../lib/run.ts';
 
 export interface AgentConfig {
@@ -115,7 +115,7 @@ export class Agent {
   private lastProblems = new Set<string>();
   private dryRunApplied = new Map<Family, unknown>();
   /** Per family, the UDP and SCTP frontends whose stale flows are gone; unset until the first clean-up. */
-  private flowsCleaned = new Map<Family, FlowFrontends>();
+  private flowsCleaned = new Map<Family, FlowBaseline>();
   private conntrack = new Map<Family, Conntrack>();
   /** Retry of a failed flow clean-up: its delay, and the pending timer. */
   private flowRetry: { delayMs: number; timer?: NodeJS.Timeout } = { delayMs: FLOW_RETRY_MS };
@@ -511,14 +511,19 @@ export class Agent {
   }
 
   /**
-   * Deletes the UDP and SCTP flows this sync's rule changes left pinned to
-   * an old outcome (conntrack.ts). Never throws: a failure is logged,
+   * Deletes the flows this sync's changes left pinned to an old outcome: UDP
+   * and SCTP ones the rules moved, TCP ones to endpoints gone from the slices
+   * (conntrack.ts). Never throws: a failure is logged,
    * counted and retried with a backoff, and never holds the rules back.
    */
   private async cleanFlows(family: Family, model: Model[Family]): Promise<void> {
-    const now = flowFrontends(model);
+    const now = flowBaseline(model);
     const checks = frontendsToCheck(this.flowsCleaned.get(family), now);
-    if (checks.length === 0) return;
+    if (checks.length === 0) {
+      // The new baseline all the same: a TCP frontend is checked against what it listed before.
+      this.flowsCleaned.set(family, now);
+      return;
+    }
     if (this.cfg.dryRun) {
       this.flowsCleaned.set(family, now);
       const out = this.deps.out ?? ((t: string) => process.stdout.write(t));

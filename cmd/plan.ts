@@ -19,7 +19,7 @@ import { Engine } from '../agent/engine/engine.ts';
 import { nodeAddresses } from '../agent/engine/model.ts';
 import { silentLogger } from '../lib/log.ts';
 import { commandRunner } from '../lib/run.ts';
-import { describeCheck, flowFrontends, frontendsToCheck } from '../agent/conntrack.ts';
+import { describeCheck, flowBaseline, frontendsToCheck } from '../agent/conntrack.ts';
 
 export const PLAN_SPEC: CommandSpec = {
   name: 'plan',
@@ -97,7 +97,7 @@ export async function runPlan(argv: string[]): Promise<number> {
   const update = renderer.render(model[family], undefined, { whole: true });
   process.stdout.write(renderer.text(update, undefined, v['format'] as 'restore' | 'commands').text);
   // What the agent deletes once these rules are in place, as comments both formats allow.
-  process.stdout.write(frontendsToCheck(undefined, flowFrontends(model[family])).map(describeCheck).join(''));
+  process.stdout.write(frontendsToCheck(undefined, flowBaseline(model[family])).map(describeCheck).join(''));
   if (errors.length > 0) {
     process.stderr.write(`pier plan: ${errors.length} file${errors.length === 1 ? '' : 's'} skipped (above); the plan leaves out what ${errors.length === 1 ? 'it holds' : 'they hold'}\n`);
   }

@@ -44,6 +44,13 @@ export interface ServedPort {
   protocol: Protocol;
   frontends: Frontend[];
   endpoints: Endpoint[];
+  /**
+   * Endpoints the slices list that the rules send no new connection to (not
+   * ready, draining while others are ready, on other nodes under Local):
+   * TCP flows already made to them are theirs to end, not the agent's
+   * (conntrack.ts deletes only flows to endpoints that left the slices).
+   */
+  retained: Endpoint[];
   /** Allowed client networks of this family (canonical CIDRs); only meaningful when restrictSources. */
   sourceRanges: string[];
   /**
@@ -368,6 +375,7 @@ function serviceModel(svc: V1Service, owner: ServiceIdentity, ctx: ModelContext,
         protocol: proto,
         frontends: inFamily,
         endpoints: endpoints[family],
+        retained: endpoints.retained[family],
         sourceRanges: restrictSources ? ranges[family] : NONE,
         restrictSources,
         masquerade: !local,
@@ -529,10 +537,11 @@ function compareEndpoints(a: Endpoint, b: Endpoint): number {
   return compareAddresses(a.address, b.address) || a.port - b.port;
 }
 
-/** A port's endpoints per family, sorted. */
+/** A port's endpoints per family, sorted, and the others its slices list (ServedPort.retained). */
 interface PortEndpoints {
   ipv4: Endpoint[];
   ipv6: Endpoint[];
+  retained: { ipv4: Endpoint[]; ipv6: Endpoint[] };
 }
 
 function portEndpoints(
@@ -553,6 +562,7 @@ function portEndpoints(
   let nReady = 0;
   let fallback: Endpoint[] | undefined;
   let nFallback = 0;
+  let others: Endpoint[] | undefined;
   // A slice port of this name under another protocol only: the Service port gets no endpoints, and says why.
   let matched = false;
   let otherProtocol: string | undefined;
@@ -589,11 +599,12 @@ function portEndpoints(
         continue;
       }
       const isLocal = ep!.nodeName === nodeName;
-      if (local && !isLocal) continue;
       const endpoint: Endpoint = { address: addr.text, port: sp.port, local: isLocal };
       const c = ep!.conditions;
-      if (c?.ready !== false) (ready ??= new Array<Endpoint>(room))[nReady++] = endpoint;
+      if (local && !isLocal) (others ??= []).push(endpoint);
+      else if (c?.ready !== false) (ready ??= new Array<Endpoint>(room))[nReady++] = endpoint;
       else if (c.serving === true && c.terminating === true) (fallback ??= new Array<Endpoint>(room))[nFallback++] = endpoint;
+      else (others ??= []).push(endpoint);
     }
   }
   if (!matched && otherProtocol !== undefined) {
@@ -604,7 +615,7 @@ function portEndpoints(
       message: `Service ${service} port ${portLabel}: its EndpointSlices list port ${JSON.stringify(portName)} as ${otherProtocol}, not ${protocol}; the port has no endpoints, so connections to it are rejected`,
     });
   }
-  return familyEndpoints(ready, nReady, fallback, nFallback);
+  return familyEndpoints(ready, nReady, fallback, nFallback, others);
 }
 
 /**
@@ -612,8 +623,8 @@ function portEndpoints(
  * of `fallback` (serving but terminating): those only when nothing of the
  * family is ready, since a draining pod is better than a refused connection.
  */
-function familyEndpoints(ready: Endpoint[] | undefined, nReady: number, fallback: Endpoint[] | undefined, nFallback: number): PortEndpoints {
-  const result: PortEndpoints = { ipv4: NONE, ipv6: NONE };
+function familyEndpoints(ready: Endpoint[] | undefined, nReady: number, fallback: Endpoint[] | undefined, nFallback: number, others: Endpoint[] | undefined): PortEndpoints {
+  const result: PortEndpoints = { ipv4: NONE, ipv6: NONE, retained: RETAINED_NONE };
   if (ready) {
     ready.length = nReady;
     insertionSort(ready, compareEndpoints);
@@ -628,8 +639,21 @@ function familyEndpoints(ready: Endpoint[] | undefined, nReady: number, fallback
   else if (fallbackV4 > 0) result.ipv4 = distinct(fallback!, 0, fallbackV4);
   if (ready && nReady > readyV4) result.ipv6 = distinct(ready, readyV4, nReady);
   else if (fallback && nFallback > fallbackV4) result.ipv6 = distinct(fallback, fallbackV4, nFallback);
+  // The rest the slices list: draining ones passed over for ready ones, not ready ones, other nodes' under Local.
+  if (others || fallback) {
+    const rest = [...(others ?? NONE), ...(fallback ?? NONE)];
+    insertionSort(rest, compareEndpoints);
+    const chosen = new Set<string>();
+    for (const e of result.ipv4) chosen.add(`${e.address}|${e.port}`);
+    for (const e of result.ipv6) chosen.add(`${e.address}|${e.port}`);
+    const retained = distinct(rest, 0, rest.length).filter((e) => !chosen.has(`${e.address}|${e.port}`));
+    const v4 = ipv4Run(retained);
+    if (retained.length > 0) result.retained = { ipv4: v4 > 0 ? retained.slice(0, v4) : NONE, ipv6: retained.length > v4 ? retained.slice(v4) : NONE };
+  }
   return result;
 }
+
+const RETAINED_NONE: PortEndpoints['retained'] = Object.freeze({ ipv4: NONE, ipv6: NONE }) as PortEndpoints['retained'];
 
 /** How many of a sorted list are IPv4: they sort first. */
 function ipv4Run(sorted: readonly Endpoint[]): number {

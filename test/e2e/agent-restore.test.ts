@@ -105,6 +105,7 @@ for (const backend of BACKENDS) {
         protocol: (['TCP', 'UDP', 'SCTP'] as const)[i % 3]!,
         frontends: [{ address: `192.0.2.${11 + (i % 2)}`, port: 1 + ((i * 7919) % 65535) }],
         endpoints: Array.from({ length: 1 + (i % 4) }, (_, k) => ({ address: `198.18.${(i >> 8) & 255}.${(i + k) & 255}`, port: 8080, local: true })),
+        retained: [],
         sourceRanges: i % 10 === 0 ? ['203.0.113.0/24'] : [],
         restrictSources: i % 10 === 0,
         masquerade: i % 2 === 0,

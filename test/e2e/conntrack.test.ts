@@ -2,8 +2,9 @@
 // from one source port (udp-flow.ts) while Services appear and endpoints go,
 // and the agent must delete exactly the conntrack entries that pin the flow
 // to an old outcome, so that a current endpoint answers within a second of
-// the rules that should serve it. The tests write Service status
-// themselves, as agent.test.ts does.
+// the rules that should serve it; and a TCP source port left to an endpoint
+// that then leaves the slices must not hold the next connection from it.
+// The tests write Service status themselves, as agent.test.ts does.
 import { mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -28,7 +29,7 @@ interface Reply {
   peer: string;
 }
 
-describe('UDP flows across rule changes (conntrack clean-up)', () => {
+describe('flows across rule changes (conntrack clean-up)', () => {
   let lab: Lab;
   let cp: ControlPlane;
   let core: CoreV1Api;
@@ -84,9 +85,9 @@ describe('UDP flows across rule changes (conntrack clean-up)', () => {
   const createUdpService = (name: string, port: number, pods: LabPod[], nodes: LabNode[]) =>
     createLabService({ core, discovery }, NS, name, [{ name: 'dns', port, protocol: 'UDP' }], pods, { nodes });
 
-  async function writeSlices(name: string, pods: LabPod[]): Promise<void> {
+  async function writeSlices(name: string, pods: Omit<LabPod, 'name' | 'ns'>[], port: { name: string; protocol: 'TCP' | 'UDP' } = { name: 'dns', protocol: 'UDP' }): Promise<void> {
     for (const [family, type] of [['v4', 'IPv4'], ['v6', 'IPv6']] as const) {
-      const body = endpointSlice(NS, name, type, pods.map((p) => ({ address: p[family], nodeName: p.node })), [{ name: 'dns', port: ECHO_PORT, protocol: 'UDP' }]);
+      const body = endpointSlice(NS, name, type, pods.map((p) => ({ address: p[family], nodeName: p.node })), [{ ...port, port: ECHO_PORT }]);
       try {
         await discovery.replaceNamespacedEndpointSlice({ name: body.metadata!.name!, namespace: NS, body });
       } catch {
@@ -253,5 +254,43 @@ describe('UDP flows across rule changes (conntrack clean-up)', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+  it('TCP: a connection left unanswered by an endpoint that then left the slices holds no source port; the next connection from it reaches a current endpoint, IPv4 and IPv6', async () => {
+    // A pod gone with its address: nothing answers for it, as after a rolling
+    // restart. A client's SYN there leaves an entry (SYN_SENT, 2 minutes) that
+    // conntrack would give the next connection from the same source port,
+    // sending it to the gone address too (on real nodes: a lone timeout).
+    const n1 = lab.nodes[0]!;
+    const c = lab.clients[0]!;
+    const live = lab.nodes[1]!.pods[0]!;
+    const first = n1.pods[0]!;
+    const gone = { v4: first.v4.replace(/\.\d+$/, '.250'), v6: first.v6.replace(/::[0-9a-f]+$/, '::250'), node: n1.name };
+    const port = { name: 'web', protocol: 'TCP' as const };
+    await createLabService({ core, discovery }, NS, 'hung', [{ ...port, port: 5310 }], [gone], { nodes: [n1] });
+    const tcpEntries = async (family: 'ipv4' | 'ipv6', sport: number) =>
+      (await lab.exec(n1.ns, 'conntrack', ['-L', '-f', family, '-p', 'tcp', '--orig-port-src', String(sport)], { reject: false })).stdout;
+    const cases = [
+      { family: 'ipv4' as const, host: n1.v4, sport: 40610, goneAt: gone.v4, v: 'v4' as const },
+      { family: 'ipv6' as const, host: n1.v6, sport: 40611, goneAt: gone.v6, v: 'v6' as const },
+    ];
+    await rulesUntil(n1, 'v4', 'DNAT for 5310 to the gone address', (save) => save.includes(`--to-destination ${gone.v4}:${ECHO_PORT}`));
+    await rulesUntil(n1, 'v6', 'IPv6 DNAT for 5310 to the gone address', (save) => save.includes(`--to-destination [${gone.v6}]:${ECHO_PORT}`));
+    for (const k of cases) {
+      const [hung] = await lab.probe(c, k.host, 5310, { sport: k.sport, timeoutMs: 1500 });
+      expect(hung?.error).toBe('timeout');
+      expect(await tcpEntries(k.family, k.sport)).toMatch(new RegExp(`SYN_SENT .*sport=${k.sport} dport=5310 .*src=${k.goneAt.replace(/[.]/g, '\\.')} `));
+    }
+    const deletedBefore = await metric(n1, 'pier_agent_conntrack_deleted_total');
+
+    // The gone endpoint leaves the slices, a live one comes.
+    await writeSlices('hung', [live], port);
+    await rulesUntil(n1, 'v4', 'DNAT for 5310 to the live pod', (save) => save.includes(`--to-destination ${live.v4}:${ECHO_PORT}`) && !save.includes(gone.v4));
+    await rulesUntil(n1, 'v6', 'IPv6 DNAT for 5310 to the live pod', (save) => save.includes(`--to-destination [${live.v6}]:${ECHO_PORT}`) && !save.includes(gone.v6));
+    for (const k of cases) {
+      await eventually(`the ${k.family} entry to the gone address deleted`, async () => !(await tcpEntries(k.family, k.sport)).includes(k.goneAt), { timeoutMs: 5000, intervalMs: 50 });
+      const [again] = await lab.probe(c, k.host, 5310, { sport: k.sport, timeoutMs: 1500 });
+      expect(again?.reply?.pod, `${k.family}: the same source port again`).toBe(live.name);
+    }
+    expect(await metric(n1, 'pier_agent_conntrack_deleted_total')).toBeGreaterThanOrEqual(deletedBefore + 2);
   });
 });

@@ -128,6 +128,8 @@ export interface ProbeOptions {
   count?: number;
   timeoutMs?: number;
   intervalMs?: number;
+  /** TCP: the source port of every attempt. */
+  sport?: number;
 }
 
 /** The underlay's address of host number `h` (nodes 10+i, clients 100+j, the host link 254). */
@@ -366,6 +368,7 @@ export class Lab {
       '--count', String(opts.count ?? 1),
       '--timeout', String(opts.timeoutMs ?? 2000),
       '--interval', String(opts.intervalMs ?? 0),
+      ...(opts.sport ? ['--sport', String(opts.sport)] : []),
     ];
     const { stdout } = await this.exec(from.ns, process.execPath, args);
     return stdout

@@ -15,6 +15,8 @@ const { values } = parseArgs({
     timeout: { type: 'string', default: '2000' },
     interval: { type: 'string', default: '0' },
     payload: { type: 'string', default: 'ping' },
+    /** TCP: connect from this source port (to reuse one, as a busy client's port range does). */
+    sport: { type: 'string' },
   },
 });
 if (!values.host || !values.port) {
@@ -38,7 +40,7 @@ function tcpOnce(): Promise<Attempt> {
   const start = performance.now();
   return new Promise((resolve) => {
     let data = '';
-    const sock = connect({ host, port, timeout: timeoutMs });
+    const sock = connect({ host, port, timeout: timeoutMs, ...(values.sport ? { localPort: Number(values.sport) } : {}) });
     const finish = (a: Omit<Attempt, 'ms'>) => {
       sock.destroy();
       resolve({ ...a, ms: Math.round((performance.now() - start) * 1000) / 1000 });

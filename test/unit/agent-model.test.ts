@@ -135,6 +135,8 @@ describe('buildModel examples', () => {
           { address: '198.18.0.1', port: 8080, local: true },
           { address: '198.18.0.2', port: 8080, local: false },
         ],
+        // Listed but not ready: no new connection goes there; one already made is left alone.
+        retained: [{ address: '198.18.0.3', port: 8080, local: false }],
         sourceRanges: [],
         restrictSources: false,
         masquerade: true,
@@ -182,6 +184,11 @@ describe('buildModel examples', () => {
     const served = buildModel(input([svc], slices)).ipv4.ports[0]!;
     expect(served.masquerade).toBe(false);
     expect(served.endpoints).toEqual([{ address: '198.18.0.1', port: 8080, local: true }]);
+    // The rest stay listed: the other node's ready one and the one that stopped serving keep their connections.
+    expect(served.retained).toEqual([
+      { address: '198.18.0.2', port: 8080, local: true },
+      { address: '198.18.0.9', port: 8080, local: false },
+    ]);
   });
 
   it('deduplicates an endpoint listed by two slices and splits endpoints by their address family', () => {
@@ -305,7 +312,7 @@ describe('buildModel bad input', () => {
 
 /** What the model should say about a world, computed straight from the generator's terms. */
 function expected(world: World) {
-  const out = new Map<string, { frontends: string[]; endpoints: string[]; masquerade: boolean; affinity: number; restrict: boolean; ranges: string[] }>();
+  const out = new Map<string, { frontends: string[]; endpoints: string[]; retained: string[]; masquerade: boolean; affinity: number; restrict: boolean; ranges: string[] }>();
   const here = new Map([...NODE_V4, ...NODE_V6].map((a) => [a, parseAddress(a)!.text]));
   for (const s of world.services) {
     if (s.cls !== CLASS) continue;
@@ -317,11 +324,16 @@ function expected(world: World) {
         const mine = s.endpoints.filter((e) => (e.v6 ? 'ipv6' : 'ipv4') === family && (!s.local || e.node === NODE));
         const readyOnes = mine.filter((e) => e.ready !== false);
         const chosen = readyOnes.length > 0 ? readyOnes : mine.filter((e) => e.serving === true && e.terminating === true);
+        const key = (e: (typeof mine)[number]) => `${parseAddress(endpointAddress(e))!.text}:${p.targetPort}`;
+        const chosenKeys = new Set(chosen.map(key));
+        // Every other endpoint of the family the slices list, whatever its node or condition.
+        const listed = s.endpoints.filter((e) => (e.v6 ? 'ipv6' : 'ipv4') === family).map(key);
         const open = ranges.some((r) => r.family === family && r.prefix === 0);
         const restrict = ranges.length > 0 && !open;
         out.set(`${family}/${s.namespace}/${s.name}/${p.name || j}/${p.protocol}`, {
           frontends: [...new Set(frontends)].sort(),
-          endpoints: [...new Set(chosen.map((e) => `${parseAddress(endpointAddress(e))!.text}:${p.targetPort}`))].sort(),
+          endpoints: [...chosenKeys].sort(),
+          retained: [...new Set(listed.filter((k) => !chosenKeys.has(k)))].sort(),
           masquerade: !s.local,
           affinity: s.affinity === undefined ? 0 : s.affinity === 'default' ? 10800 : s.affinity,
           restrict,
@@ -340,6 +352,7 @@ function summary(servedPorts: ServedPort[]) {
       {
         frontends: p.frontends.map((f) => `${f.address}:${f.port}`).sort(),
         endpoints: p.endpoints.map((e) => `${e.address}:${e.port}`).sort(),
+        retained: p.retained.map((e) => `${e.address}:${e.port}`).sort(),
         masquerade: p.masquerade,
         affinity: p.affinity,
         restrict: p.restrictSources,

@@ -201,7 +201,7 @@ describe('carriedClients', () => {
   it('carries the remembered clients of the affinity sets still wanted, with what is left of their timeouts', () => {
     const port: ServedPort = {
       key: 'ipv4/shop/web/http/TCP', comment: 'shop/web:http', protocol: 'TCP', frontends: [{ address: '192.0.2.11', port: 80 }],
-      endpoints: [{ address: '198.18.0.1', port: 8080, local: true }], sourceRanges: [], restrictSources: false, masquerade: true, affinity: 600,
+      endpoints: [{ address: '198.18.0.1', port: 8080, local: true }], retained: [], sourceRanges: [], restrictSources: false, masquerade: true, affinity: 600,
     };
     const r = renderNft({ family: 'ipv4', ports: [port] }, MARKS.masquerade);
     const [set] = [...r.own.values()].filter((o) => o.kind === 'set').map((o) => o.name);

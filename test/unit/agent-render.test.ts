@@ -20,6 +20,7 @@ function served(over: Partial<ServedPort> & { key: string }): ServedPort {
     protocol: 'TCP',
     frontends: [{ address: '192.0.2.11', port: 80 }],
     endpoints: [{ address: '198.18.0.1', port: 8080, local: true }],
+    retained: [],
     sourceRanges: [],
     restrictSources: false,
     masquerade: true,
