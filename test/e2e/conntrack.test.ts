@@ -255,6 +255,7 @@ describe('flows across rule changes (conntrack clean-up)', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   });
+
   it('TCP: a connection left unanswered by an endpoint that then left the slices holds no source port; the next connection from it reaches a current endpoint, IPv4 and IPv6', async () => {
     // A pod gone with its address: nothing answers for it, as after a rolling
     // restart. A client's SYN there leaves an entry (SYN_SENT, 2 minutes) that
@@ -270,8 +271,8 @@ describe('flows across rule changes (conntrack clean-up)', () => {
     const tcpEntries = async (family: 'ipv4' | 'ipv6', sport: number) =>
       (await lab.exec(n1.ns, 'conntrack', ['-L', '-f', family, '-p', 'tcp', '--orig-port-src', String(sport)], { reject: false })).stdout;
     const cases = [
-      { family: 'ipv4' as const, host: n1.v4, sport: 40610, goneAt: gone.v4, v: 'v4' as const },
-      { family: 'ipv6' as const, host: n1.v6, sport: 40611, goneAt: gone.v6, v: 'v6' as const },
+      { family: 'ipv4' as const, host: n1.v4, sport: 40610, goneAt: gone.v4 },
+      { family: 'ipv6' as const, host: n1.v6, sport: 40611, goneAt: gone.v6 },
     ];
     await rulesUntil(n1, 'v4', 'DNAT for 5310 to the gone address', (save) => save.includes(`--to-destination ${gone.v4}:${ECHO_PORT}`));
     await rulesUntil(n1, 'v6', 'IPv6 DNAT for 5310 to the gone address', (save) => save.includes(`--to-destination [${gone.v6}]:${ECHO_PORT}`));
