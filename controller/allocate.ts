@@ -284,6 +284,15 @@ function readNode(node: V1Node, leases: Map<string, V1Lease[]>, isFresh: (l: V1L
   return view;
 }
 
+/**
+ * What allocate() reads of a Node object, its agent's Lease aside, as a
+ * string: an update that leaves it equal (a kubelet's heartbeat, most Node
+ * writes) cannot change any allocation. '' for a Node that is not read.
+ */
+export function nodeReading(node: V1Node, config: AllocatorConfig): string {
+  const view = safely(() => readNode(node, new Map(), () => false, config), undefined);
+  return view ? nodeSignature(view) : '';
+}
 
 /** Per family, each node with a serving endpoint of a Service, and how many of its endpoints are ready. */
 type Serving = Record<Family, Map<string, number>>;

@@ -4,7 +4,8 @@
 // server restarts; and the watch events of its own status writes do not
 // cost it a full allocation each, or writing a backlog would be bound by
 // allocations instead of by the API server; and its Events wait for the
-// status writes to pause, without being lost on a graceful stop.
+// status writes to pause, without being lost on a graceful stop; and a
+// Node's heartbeats cost it no allocation, where a real change does.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { CoreV1Api, EventsV1Api, PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -93,6 +94,32 @@ describe('controller and the API server', () => {
     await eventually('the changed Service followed', async () => (await ports('before')) === '[8081,8081]', { timeoutMs: 30_000, intervalMs: 200 });
     await eventually('status of a Service created after the outage', async () => (await ports('after')) === '[9090,9090]', { timeoutMs: 30_000, intervalMs: 200 });
     expect(current!.exited()).toBe(false);
+  });
+
+  it('allocates for a Node change but not for its heartbeats', async () => {
+    current ??= await startController();
+    await core.createNamespacedService({ namespace: NS, body: lbService(NS, 'beats', [{ name: 'http', port: 7171 }]) });
+    await eventually('status of a Service listing both nodes', async () => (await ports('beats')) === '[7171,7171]', { timeoutMs: 15_000, intervalMs: 100 });
+    const allocations = () => metric(current!, 'pier_controller_allocate_duration_seconds_count');
+    const heartbeat = (extra: object = {}) =>
+      core.patchNodeStatus({ name: 'n1', body: { status: { conditions: [{ type: 'Ready', status: 'True', reason: 'KubeletReady', lastHeartbeatTime: new Date(), lastTransitionTime: new Date() }], ...extra } } }, mergePatch);
+    await sleep(500);
+    const before = await allocations();
+    // 20 heartbeats in 2 s: without the filter, one allocation per 200 ms (the coalescer's spacing).
+    for (let i = 0; i < 20; i++) {
+      await heartbeat();
+      await sleep(100);
+    }
+    await sleep(500);
+    expect(await allocations()).toBe(before);
+    // The same kind of write, with an address added: the status follows.
+    const ips = async () => (await core.readNamespacedService({ name: 'beats', namespace: NS })).status?.loadBalancer?.ingress?.map((i) => i.ip).sort();
+    await heartbeat({ addresses: [{ type: 'ExternalIP', address: '198.51.100.21' }, { type: 'InternalIP', address: NODES[0]!.v4 }, { type: 'Hostname', address: 'n1' }] });
+    await eventually('the ExternalIP listed', async () => JSON.stringify(await ips()) === JSON.stringify(['198.51.100.12', '198.51.100.21']), { timeoutMs: 10_000, intervalMs: 100 });
+    expect(await allocations()).toBeGreaterThan(before);
+    await heartbeat({ addresses: [{ type: 'InternalIP', address: NODES[0]!.v4 }, { type: 'Hostname', address: 'n1' }] });
+    await eventually('the InternalIP listed again', async () => JSON.stringify(await ips()) === JSON.stringify(['198.51.100.11', '198.51.100.12']), { timeoutMs: 10_000, intervalMs: 100 });
+    await eventually('its writes and Events done', async () => (await metric(current!, 'pier_controller_queue_depth')) + (await metric(current!, 'pier_controller_events_pending')) === 0, { timeoutMs: 30_000, intervalMs: 200 });
   });
 
   it('writes a backlog of 500 Services with a handful of allocations, not one per few writes', async () => {

@@ -5,7 +5,7 @@ import type { V1EndpointSlice, V1Lease, V1Node, V1Service } from '@kubernetes/cl
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 
-import { allocate, defaultAllocatorConfig, reallocate, type AllocateInput, type Allocation, type AllocatorConfig, type AllocatorState } from '../../controller/allocate.ts';
+import { allocate, defaultAllocatorConfig, nodeReading, reallocate, type AllocateInput, type Allocation, type AllocatorConfig, type AllocatorState } from '../../controller/allocate.ts';
 import { hasWrites, serviceWork } from '../../controller/writes.ts';
 import { LEASE_FORWARDING_IPV4, LEASE_FORWARDING_IPV6, MAX_ADDRESSES, PORT_MODE, POOL } from '../../lib/contract.ts';
 
@@ -319,6 +319,83 @@ describe('reallocate: equal to allocate() from scratch', () => {
       ),
       { numRuns: 1000 },
     );
+  });
+});
+
+// ---------------------------------------------------------------------------
+// nodeReading(): the controller skips a Node update whose reading is unchanged.
+
+/** What a kubelet's write changes besides what allocation reads: heartbeat times, other conditions, labels, annotations, its Hostname. */
+interface NodeNoise {
+  heartbeat: number;
+  version: number;
+  pressure: boolean;
+  label?: string;
+  annotation?: string;
+  hostname: boolean;
+}
+const noiseArb: fc.Arbitrary<NodeNoise> = fc.record(
+  { heartbeat: fc.integer({ min: 0, max: 1e6 }), version: fc.nat(), pressure: fc.boolean(), label: fc.constantFrom('a', 'b'), annotation: fc.constantFrom('x', 'y'), hostname: fc.boolean() },
+  { requiredKeys: ['heartbeat', 'version', 'pressure', 'hostname'] },
+);
+
+function noisyNode(i: number, n: NodeSpec, noise: NodeNoise): V1Node {
+  const base = nodeObject(i, n);
+  const at = new Date(CREATED + noise.heartbeat * 1000);
+  return {
+    metadata: {
+      ...base.metadata,
+      resourceVersion: String(noise.version),
+      labels: { ...base.metadata!.labels, ...(noise.label ? { 'example.com/rack': noise.label } : {}) },
+      ...(noise.annotation ? { annotations: { 'example.com/note': noise.annotation } } : {}),
+    },
+    status: {
+      addresses: [...base.status!.addresses!, ...(noise.hostname ? [{ type: 'Hostname', address: nodeName(i) }] : [])],
+      conditions: [
+        ...(noise.pressure ? [{ type: 'MemoryPressure', status: 'False', lastHeartbeatTime: at }] : []),
+        ...base.status!.conditions!.map((c) => ({ ...c, lastHeartbeatTime: at, reason: 'KubeletReady' })),
+      ],
+    },
+  };
+}
+
+describe('nodeReading: what a Node update must change to cost an allocation', () => {
+  it('a write that changes only what allocation does not read reads the same; two Nodes that read the same allocate the same', () => {
+    fc.assert(
+      fc.property(
+        fc.record({
+          k: fc.constantFrom(1, 2, Number.POSITIVE_INFINITY),
+          nodes: fc.array(fc.tuple(nodeArb, fc.option(leaseArb, { freq: 8 })), { minLength: 1, maxLength: 6 }),
+          services: fc.array(fc.tuple(serviceName, serviceArb), { maxLength: 4 }),
+          a: fc.tuple(nodeArb, noiseArb),
+          b: fc.tuple(fc.option(nodeArb, { freq: 2 }), noiseArb),
+        }),
+        ({ k, nodes, services, a, b }) => {
+          const config = defaultAllocatorConfig({ maxAddresses: k });
+          const w = emptyWorld();
+          nodes.forEach(([n, l], i) => addNode(w, i, n, l));
+          for (const [name, svc] of services) w.services.set(name, serviceObject(name, svc));
+          // Node 0 as written twice: by a heartbeat only (b's spec is null), or changed.
+          const first = noisyNode(0, a[0], a[1]);
+          const second = noisyNode(0, b[0] ?? a[0], b[1]);
+          if (b[0] === null) expect(nodeReading(second, config)).toBe(nodeReading(first, config));
+          if (nodeReading(second, config) !== nodeReading(first, config)) return;
+          w.nodes.set(0, first);
+          const before = allocate(input(w, config));
+          w.nodes.set(0, second);
+          expectSame(allocate(input(w, config)), before);
+        },
+      ),
+      { numRuns: 500 },
+    );
+  });
+
+  it('reads a change of readiness, pool, exclusion or addresses', () => {
+    const config = defaultAllocatorConfig();
+    const spec: NodeSpec = { ready: true, excluded: false, v4: 1 };
+    const read = (n: NodeSpec) => nodeReading(nodeObject(0, n), config);
+    const changes: NodeSpec[] = [{ ...spec, ready: false }, { ...spec, pool: 'b' }, { ...spec, excluded: true }, { ...spec, v4: 2 }, { ...spec, external4: 1 }, { ...spec, v6: 1 }];
+    for (const c of changes) expect(read(c)).not.toBe(read(spec));
   });
 });
 
