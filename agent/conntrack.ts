@@ -80,8 +80,21 @@ export interface FlowBaseline {
   tcp: Map<string, ServedPort>;
 }
 
-/** One family's model as the clean-up's baseline. Pure. */
+// The engine hands back the very FamilyModel of a family nothing changed in
+// (a resync, a change in the other family only), so its baseline is made
+// once: ~7 ms per family per sync at 10,000 TCP ports.
+const baselines = new WeakMap<FamilyModel, FlowBaseline>();
+
+/** One family's model as the clean-up's baseline. Pure (memoised by model). */
 export function flowBaseline(model: FamilyModel): FlowBaseline {
+  const cached = baselines.get(model);
+  if (cached) return cached;
+  const baseline = readBaseline(model);
+  baselines.set(model, baseline);
+  return baseline;
+}
+
+function readBaseline(model: FamilyModel): FlowBaseline {
   const flows: FlowFrontends = new Map();
   const tcp = new Map<string, ServedPort>();
   for (const served of model.ports) {
@@ -117,6 +130,7 @@ function frontendsOf(served: ServedPort): FlowFrontend[] {
  * rules did) every frontend is checked. Pure.
  */
 export function frontendsToCheck(before: FlowBaseline | undefined, after: FlowBaseline): FlowFrontend[] {
+  if (before === after) return [];
   if (!before) return [...after.flows.values(), ...[...after.tcp.values()].flatMap(frontendsOf)];
   const out: FlowFrontend[] = [];
   for (const [key, f] of after.flows) {

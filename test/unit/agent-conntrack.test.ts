@@ -67,6 +67,14 @@ describe('flowBaseline and frontendsToCheck', () => {
     expect(frontendsToCheck(now, flowBaseline(model({ ...dns, endpoints: [...dns.endpoints].reverse() })))).toEqual([]);
   });
 
+  it('makes the baseline of one model once; the same baseline twice checks nothing', () => {
+    const m = model(dns, web);
+    const baseline = flowBaseline(m);
+    expect(flowBaseline(m)).toBe(baseline);
+    expect(frontendsToCheck(baseline, baseline)).toEqual([]);
+    expect(flowBaseline(model(dns, web))).not.toBe(baseline);
+  });
+
   it('checks new frontends, frontends whose endpoints changed, and gone ones with no endpoint left', () => {
     const before = flowBaseline(model(dns));
     const moved = served('UDP', [['198.51.100.11', 53], ['198.51.100.13', 53]], [['198.19.1.5', 5353]]);
