@@ -14,7 +14,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, type V1Node, type V1Service } from '@kubernetes/client-node';
+import { CoreV1Api, EventsV1Api, KubeConfig, PatchStrategy, setHeaderOptions, type V1Node, type V1Service } from '@kubernetes/client-node';
 import { execa, type ResultPromise } from 'execa';
 import { AGENT_LEASE_DURATION_MS, AGENT_LEASE_RENEW_MS } from '../cmd/agent.ts';
 import { DEFAULT_MAX_ADDRESSES } from '../controller/allocate.ts';
@@ -232,6 +232,12 @@ async function statusFloor(kc: KubeConfig, items: readonly { name: string; port:
   return performance.now() - t0;
 }
 
+/** Events in a namespace, without listing them: the API server counts what a one-item page leaves. */
+async function eventCount(kc: KubeConfig, namespace: string): Promise<number> {
+  const page = await kc.makeApiClient(EventsV1Api).listNamespacedEvent({ namespace, limit: 1 });
+  return page.items.length + (page.metadata?.remainingItemCount ?? 0);
+}
+
 const ingressIps = (svc: V1Service) => (svc.status?.loadBalancer?.ingress ?? []).map((i) => i.ip ?? '');
 
 // ---------------------------------------------------------------------------
@@ -271,6 +277,8 @@ interface SizeResult {
   leadingMs: number;
   coldMs: number;
   coldWrites: number;
+  /** During the cold start: allocations, their seconds, the Events written beside the statuses. */
+  coldBeside: { allocations: number; allocateSeconds: number; events: number };
   rss: number;
   hwm: number;
   largestStatus: number;
@@ -344,6 +352,7 @@ async function main(): Promise<void> {
 
       // -- Cold convergence: controller start -> every Service has a status.
       const cold = await StatusWatch.start(kc, NS);
+      const eventsBefore = await eventCount(kc, NS);
       controller = await ControllerProcess.start(cp.adminKubeconfigPath);
       let coldMs: number;
       let leadingMs: number;
@@ -354,12 +363,18 @@ async function main(): Promise<void> {
       } finally {
         cold.stop();
       }
+      // What else the controller did meanwhile: allocations (which hold its writes), its CPU, the Events it wrote beside the statuses.
+      const coldCpu = controller.cpuSeconds();
+      const coldMetrics = await retried(() => controller!.metrics());
+      const coldEvents = (await eventCount(kc, NS)) - eventsBefore;
       // The Events of the cold start wait for the status writes to pause, then go out at a few hundred a second: not a steady state yet.
       const eventsMs = (await retried(() => controller!.eventsWritten(900_000))) - controller.spawnedAt;
       const settled = await retried(() => controller!.settle(3000, 600_000));
       const coldWrites = await retried(() => controller!.sum('pier_controller_status_writes_total'));
       row('controller start -> leading (caches synced, Lease held)', fmtMs(leadingMs));
       row(`controller start -> all ${SERVICES} statuses written; status writes`, `${fmtMs(coldMs)}; ${coldWrites}`);
+      const coldBeside = { allocations: coldMetrics.get('pier_controller_allocate_duration_seconds_count') ?? 0, allocateSeconds: coldMetrics.get('pier_controller_allocate_duration_seconds_sum') ?? 0, events: coldEvents };
+      row('  meanwhile: allocations, their time; controller CPU; Events written', `${coldBeside.allocations}, ${coldBeside.allocateSeconds.toFixed(1)} s; ${coldCpu.toFixed(1)} s; ${coldEvents}`);
       row('controller start -> all Events written', fmtMs(eventsMs));
       row('controller VmRSS settled (peak VmHWM)', `${mb(settled.rssBytes)} (${mb(settled.hwmBytes)})`);
 
@@ -454,7 +469,7 @@ async function main(): Promise<void> {
       }
       row('it comes back (Lease renewed, Ready): -> controller done; status writes; Services listing it again', `${fmtMs(back.ms)}; ${back.writes}; ${back.relisted}`);
 
-      results.push({ nodes: N, nodesReadyMs, leadingMs, floorMs, coldMs, coldWrites, rss: settled.rssBytes, hwm: settled.hwmBytes, largestStatus, largestEntries, lost, back, steady });
+      results.push({ nodes: N, nodesReadyMs, leadingMs, floorMs, coldMs, coldWrites, coldBeside, rss: settled.rssBytes, hwm: settled.hwmBytes, largestStatus, largestEntries, lost, back, steady });
       await controller.stop();
       controller = undefined;
     }
@@ -489,6 +504,7 @@ if (results.length > 0) {
   line(`status floor: ${SERVICES.toLocaleString('en-US')} status writes, ${WORKERS} in flight, no controller`, results.map((r) => fmtMs(r.floorMs)));
   line('cold convergence / status floor', results.map((r) => `${(r.coldMs / r.floorMs).toFixed(2)}x`));
   line('status writes of the cold start', results.map((r) => String(r.coldWrites)));
+  line('cold start, meanwhile: allocations (their time); Events written', results.map((r) => `${r.coldBeside.allocations} (${r.coldBeside.allocateSeconds.toFixed(1)} s); ${r.coldBeside.events}`));
   line('controller VmRSS, settled (peak)', results.map((r) => `${mb(r.rss)} (${mb(r.hwm)})`));
   line('largest Service status, bytes (ingress entries)', results.map((r) => `${r.largestStatus} (${r.largestEntries})`));
   line('one node lost: Services that listed it', results.map((r) => String(r.lost.listed)));
@@ -516,9 +532,13 @@ if (results.length > 0) {
   targets.push({ target: `one node lost at ${last.nodes}: status writes <= 2 x (${SERVICES} x ${K} / ${last.nodes}) = ${bound.toFixed(0)}`, value: String(last.lost.writes), ok: last.lost.writes <= bound });
   targets.push({ target: `one node lost at ${last.nodes}: controller done <= 2 s after the change`, value: fmtMs(last.lost.ms), ok: last.lost.ms <= 2000 });
   targets.push({ target: `steady at ${last.nodes}: controller status writes = 0`, value: String(last.steady.controllerWrites), ok: last.steady.controllerWrites === 0 });
-  targets.push({ target: `steady at ${last.nodes}: requests/s of the controller (at most the rest) <= kubelets' node Lease renewals/s`, value: `${last.steady.otherRps.toFixed(1)} vs ${last.steady.nodeLeaseWritesPs.toFixed(0)}`, ok: last.steady.otherRps <= last.steady.nodeLeaseWritesPs });
+  // Kubelets renew their node Lease every quarter of its duration: N / 10 s a second. kwok stands in for them and is
+  // shown beside: at 5,000 nodes on 2 cores it falls behind that rate, 16 renewals in flight against a busy API server.
+  const kubelets = last.nodes / (NODE_LEASE_SECONDS / 4);
+  const vsKubelets = (rps: number) => `${rps.toFixed(rps < 10 ? 1 : 0)} vs ${kubelets.toFixed(0)} (kwok did ${last.steady.nodeLeaseWritesPs.toFixed(0)})`;
+  targets.push({ target: `steady at ${last.nodes}: requests/s of the controller (at most the rest) <= kubelets' node Lease renewals/s`, value: vsKubelets(last.steady.otherRps), ok: last.steady.otherRps <= kubelets });
   const pier = last.steady.otherRps + last.steady.agentRps;
-  targets.push({ target: `steady at ${last.nodes}: requests/s of the controller and the agents <= kubelets' node Lease renewals/s`, value: `${pier.toFixed(0)} vs ${last.steady.nodeLeaseWritesPs.toFixed(0)}`, ok: pier <= last.steady.nodeLeaseWritesPs });
+  targets.push({ target: `steady at ${last.nodes}: requests/s of the controller and the agents <= kubelets' node Lease renewals/s`, value: vsKubelets(pier), ok: pier <= kubelets });
   note('\ntargets');
   for (const t of targets) row(t.target, `${t.value.padEnd(14)} ${t.ok ? 'PASS' : 'FAIL'}`);
   // The cold-convergence ratio includes the API server's slowdown under the Lease load; the floor's ratio is that part alone.

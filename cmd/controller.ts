@@ -70,7 +70,10 @@ export const CONTROLLER_SPEC: CommandSpec = {
       help: 'per Service and address family, list at most this many node addresses, chosen by rendezvous hashing (every eligible node while there are no more); "all" lists every eligible node; the annotation pier.dev/max-addresses overrides it per Service',
     },
     { name: 'workers', type: 'int', default: 4, min: 1, max: 64, help: 'Services written concurrently' },
-    { name: 'resync-period', type: 'duration', default: 60_000, min: 1000, help: 'recompute everything at least this often, even without changes' },
+    // Changes are judged as they come (reallocate(), held equal to a full allocation by its property tests); the
+    // resync is the safety net. At 5,000 nodes a full allocation holds the controller for 4-6 s on a busy 2-core
+    // machine (bench:scale), writes included: every minute was too often.
+    { name: 'resync-period', type: 'duration', default: 300_000, min: 1000, help: 'recompute everything at least this often, even without changes' },
     { name: 'leader-elect', type: 'boolean', default: true, help: 'elect a leader among replicas on a Lease; only the leader writes (turn off only for a single replica)' },
     { name: 'leader-elect-lease-duration', type: 'duration', default: DEFAULT_LEADER_TIMINGS.leaseDurationMs, min: 1000, help: 'how long a standby waits for a leader that stopped renewing' },
     { name: 'leader-elect-renew-deadline', type: 'duration', default: DEFAULT_LEADER_TIMINGS.renewDeadlineMs, min: 100, help: 'the leader stops writing when it could not renew for this long' },
