@@ -5,25 +5,34 @@
 // run that took long spaces the next one further out, so that under a
 // steady stream of signals the task takes at most that share of the time
 // however long it grows (the controller's allocation grows with the cluster).
+// `burstMs` lets that share be saved up while idle: a signal after a quiet
+// spell runs at once even if a run just ended, so the pacing holds back
+// sustained streams, not the first change after them. The share is a credit
+// earned at `dutyCycle` ms per ms, at most `burstMs`, and spent by each run.
 export class Coalescer<O extends object> {
   private readonly task: (opts: O) => Promise<void>;
   private readonly minIntervalMs: number;
   private readonly dutyCycle: number;
+  private readonly burstMs: number;
   private readonly merge: (a: O, b: O) => O;
   private pending: O | undefined;
   private running = false;
   private lastStart = -Infinity;
-  private lastDuration = 0;
+  private credit: number;
+  private creditAt = performance.now();
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
   private idleWaiters: (() => void)[] = [];
 
-  constructor(task: (opts: O) => Promise<void>, opts: { minIntervalMs: number; merge: (a: O, b: O) => O; dutyCycle?: number }) {
+  constructor(task: (opts: O) => Promise<void>, opts: { minIntervalMs: number; merge: (a: O, b: O) => O; dutyCycle?: number; burstMs?: number }) {
     this.task = task;
     this.minIntervalMs = opts.minIntervalMs;
     this.merge = opts.merge;
     this.dutyCycle = opts.dutyCycle ?? 1;
+    this.burstMs = opts.burstMs ?? 0;
     if (!(this.dutyCycle > 0 && this.dutyCycle <= 1)) throw new RangeError(`dutyCycle must be in (0, 1], not ${opts.dutyCycle}`);
+    if (!(this.burstMs >= 0)) throw new RangeError(`burstMs must be >= 0, not ${opts.burstMs}`);
+    this.credit = this.burstMs;
   }
 
   /** Asks for a run; options of requests that coalesce are merged. */
@@ -35,8 +44,9 @@ export class Coalescer<O extends object> {
 
   private schedule(): void {
     if (this.running || this.timer || !this.pending) return;
-    const interval = Math.max(this.minIntervalMs, this.lastDuration / this.dutyCycle);
-    const wait = this.lastStart + interval - performance.now();
+    const now = performance.now();
+    const credit = Math.min(this.burstMs, this.credit + (now - this.creditAt) * this.dutyCycle);
+    const wait = Math.max(this.lastStart + this.minIntervalMs - now, -credit / this.dutyCycle);
     if (wait > 0) {
       this.timer = setTimeout(() => {
         this.timer = undefined;
@@ -47,14 +57,16 @@ export class Coalescer<O extends object> {
     const opts = this.pending;
     this.pending = undefined;
     this.running = true;
-    this.lastStart = performance.now();
+    this.lastStart = now;
     // The task reports its own errors; a rejection here must not stop the loop.
-    const started = this.lastStart;
     void this.task(opts)
       .catch(() => undefined)
       .finally(() => {
         this.running = false;
-        this.lastDuration = performance.now() - started;
+        // Earned during the run too, uncapped: with no burst this spaces runs d / dutyCycle apart.
+        const end = performance.now();
+        this.credit = credit - (end - now) * (1 - this.dutyCycle);
+        this.creditAt = end;
         if (this.pending && !this.stopped) this.schedule();
         else if (!this.timer) for (const w of this.idleWaiters.splice(0)) w();
       });

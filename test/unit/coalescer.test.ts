@@ -66,6 +66,32 @@ describe('Coalescer', () => {
     expect(() => new Coalescer(async () => {}, { minIntervalMs: 1, merge: (a) => a, dutyCycle: 0 })).toThrow(RangeError);
   });
 
+  it('with a burst, a change after a quiet spell runs at once; a sustained stream is still held to the duty cycle', async () => {
+    const starts: number[] = [];
+    const c = new Coalescer<object>(
+      async () => {
+        starts.push(Date.now());
+        await new Promise((r) => setTimeout(r, 300));
+      },
+      { minIntervalMs: 200, merge: (a) => a, dutyCycle: 0.25, burstMs: 600 },
+    );
+    const t0 = Date.now();
+    // The saved 600 ms pay for the first runs back to back, then a quarter of the time: one per 1,200 ms.
+    for (let t = 0; t < 5000; t += 10) {
+      c.request({});
+      await vi.advanceTimersByTimeAsync(10);
+    }
+    expect(starts.map((s) => s - t0)).toEqual([0, 300, 600, 1200, 2400, 3600, 4800]);
+    await vi.advanceTimersByTimeAsync(10_000); // the stream's last signal runs; then quiet: the credit fills up again
+    const [quiet, before] = [Date.now(), starts.length];
+    c.request({});
+    await vi.advanceTimersByTimeAsync(100);
+    c.request({}); // during the run: runs as soon as it ends, not 900 ms later
+    await vi.advanceTimersByTimeAsync(2000);
+    expect(starts.slice(before).map((s) => s - quiet)).toEqual([0, 300]);
+    expect(() => new Coalescer(async () => {}, { minIntervalMs: 1, merge: (a) => a, burstMs: -1 })).toThrow(RangeError);
+  });
+
   it('keeps going after a failing run, and stop() drops what is pending', async () => {
     let calls = 0;
     const c = new Coalescer<{ x: number }>(
