@@ -40,6 +40,7 @@ import { ensureNamespace, registerNode, startControlPlane } from '../test/cluste
 import { inParallel } from '../test/support/fleet.ts';
 import { node as nodeObject, lbService } from '../test/support/objects.ts';
 import { bundleInto } from '../scripts/bundle.ts';
+import { shippedNodeFlags } from './shipped-flags.ts';
 import { ROOT } from './transpile.ts';
 
 const NS = 'bench';
@@ -48,7 +49,7 @@ const NODE_IP = '198.51.100.11';
 const n = Number(process.env['PIER_BENCH_SERVICES'] ?? '10000');
 const concurrency = Number(process.env['PIER_BENCH_CONCURRENCY'] ?? '40');
 const settleMs = Number(process.env['PIER_BENCH_SETTLE'] ?? '20') * 1000;
-const variants = (process.env['PIER_BENCH_NODE_FLAGS'] ?? `${shippedNodeFlags().join(' ')}|`).split('|').map((v) => v.trim());
+const variants = (process.env['PIER_BENCH_NODE_FLAGS'] ?? `${shippedNodeFlags('Dockerfile.agent').join(' ')}|`).split('|').map((v) => v.trim());
 const fromSource = process.env['PIER_BENCH_AGENT_SOURCE'] === '1';
 const hold = process.env['PIER_BENCH_HOLD'] === '1';
 const existing = process.env['PIER_BENCH_KUBECONFIG'];
@@ -101,19 +102,6 @@ function bundledAgent(): Promise<string> {
   return bundleInto(join(ROOT, '.cache', 'bench-rss-live'));
 }
 
-/**
- * The Node flags Dockerfile.agent's ENTRYPOINT runs the agent with: those
- * between `node` and the script of its last `ENTRYPOINT ["node", ...]` line.
- * (test/integration/images.test.ts checks the built image's against
- * bench:agent's.)
- */
-function shippedNodeFlags(): string[] {
-  const lines = readFileSync(join(ROOT, 'Dockerfile.agent'), 'utf8').split('\n');
-  const entrypoint = lines.filter((l) => l.startsWith('ENTRYPOINT ')).at(-1);
-  const argv = entrypoint ? (JSON.parse(entrypoint.slice('ENTRYPOINT '.length)) as string[]) : [];
-  if (argv[0] !== 'node' || argv.length < 2) throw new Error(`Dockerfile.agent: no ENTRYPOINT ["node", ...flags, script] line (found ${JSON.stringify(entrypoint)})`);
-  return argv.slice(1, -1);
-}
 
 interface Memory {
   rssKb: number;

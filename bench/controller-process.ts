@@ -57,11 +57,12 @@ export class ControllerProcess {
     this.unregister = atExit(() => proc.kill('SIGKILL'));
   }
 
-  static async start(kubeconfig: string, extra: string[] = []): Promise<ControllerProcess> {
+  /** `nodeFlags`: Node's own, before the script (shippedNodeFlags() runs it as its image does). */
+  static async start(kubeconfig: string, extra: string[] = [], nodeFlags: readonly string[] = []): Promise<ControllerProcess> {
     const cli = await compiledCli();
     const port = await freePort();
     const spawnedAt = performance.now();
-    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, cli, 'controller',
+    const proc = execa('setpriv', ['--pdeathsig', 'SIGKILL', '--', process.execPath, ...nodeFlags, cli, 'controller',
       '--kubeconfig', kubeconfig,
       '--leader-elect-id', `bench-${process.pid}-${port}`,
       '--health-address', '127.0.0.1',

@@ -38,6 +38,7 @@ import { Fleet, StatusWatch, fleetItems, summarize, type FleetSpec } from '../te
 import { node as nodeObject } from '../test/support/objects.ts';
 import { freePort } from '../test/support/ports.ts';
 import { bundleInto } from '../scripts/bundle.ts';
+import { shippedNodeFlags } from './shipped-flags.ts';
 import { ROOT } from './transpile.ts';
 
 const CHURN = Number(process.env['PIER_BENCH_CHURN'] ?? '1000');
@@ -45,7 +46,7 @@ const CHURN_MS = Number(process.env['PIER_BENCH_CHURN_SECONDS'] ?? '90') * 1000;
 const BACKGROUND = Number(process.env['PIER_BENCH_BACKGROUND'] ?? '100');
 const SETTLE_MS = Number(process.env['PIER_BENCH_SETTLE'] ?? '30') * 1000;
 const AFTER_MS = Number(process.env['PIER_BENCH_AFTER'] ?? '120') * 1000;
-const variants = [...new Set((process.env['PIER_BENCH_NODE_FLAGS'] ?? `${shippedNodeFlags().join(' ')}|`).split('|').map((v) => v.trim()))];
+const variants = [...new Set((process.env['PIER_BENCH_NODE_FLAGS'] ?? `${shippedNodeFlags('Dockerfile.controller').join(' ')}|`).split('|').map((v) => v.trim()))];
 const SAMPLE_MS = 100;
 const BACK_FOR_MS = 15_000;
 /** A Service whose status has not come by then is deleted anyway and counted as missed. */
@@ -62,18 +63,6 @@ const row = (label: string, value: string) => process.stdout.write(`${label.padE
 const label = (flags: string) => (flags === '' ? 'node (defaults)' : `node ${flags}`);
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 
-/**
- * The Node flags Dockerfile.controller's ENTRYPOINT runs the controller with:
- * those between `node` and the script of its last `ENTRYPOINT ["node", ...]`
- * line (bench/agent-rss-live.ts reads Dockerfile.agent's the same way).
- */
-function shippedNodeFlags(): string[] {
-  const lines = readFileSync(join(ROOT, 'Dockerfile.controller'), 'utf8').split('\n');
-  const entrypoint = lines.filter((l) => l.startsWith('ENTRYPOINT ')).at(-1);
-  const argv = entrypoint ? (JSON.parse(entrypoint.slice('ENTRYPOINT '.length)) as string[]) : [];
-  if (argv[0] !== 'node' || argv.length < 2) throw new Error(`Dockerfile.controller: no ENTRYPOINT ["node", ...flags, script] line (found ${JSON.stringify(entrypoint)})`);
-  return argv.slice(1, -1);
-}
 
 
 /** Dual-stack Services with an endpoint on each node, as `kubectl expose` and the EndpointSlice controller leave them. */

@@ -25,6 +25,7 @@ import { apiserverRequests, ensureNamespace, startControlPlane, type ControlPlan
 import { atExit } from '../test/support/cleanup.ts';
 import { Fleet, StatusWatch, inParallel, sharedConnections, type FleetSpec } from '../test/support/fleet.ts';
 import { ControllerProcess } from './controller-process.ts';
+import { shippedNodeFlags } from './shipped-flags.ts';
 import { fakeAgent, fakeAgents } from './fake-agents.ts';
 import { ROOT } from './transpile.ts';
 
@@ -38,6 +39,8 @@ const NS = 'bench';
 const KWOK_LABEL = 'bench.pier.dev/kwok';
 /** kwok's default, the kubelet's: valid 40 s, renewed every 10 s (a quarter). */
 const NODE_LEASE_SECONDS = 40;
+/** The controller runs as its image runs it: with its heap bounded, which a cold start at 5,000 nodes must fit. */
+const CONTROLLER_NODE_FLAGS = shippedNodeFlags('Dockerfile.controller');
 
 const log = createLogger({ level: process.env['PIER_LOG_LEVEL'] ?? 'info', name: 'bench-scale' });
 const note = (s: string) => process.stdout.write(`${s}\n`);
@@ -353,7 +356,7 @@ async function main(): Promise<void> {
       // -- Cold convergence: controller start -> every Service has a status.
       const cold = await StatusWatch.start(kc, NS);
       const eventsBefore = await eventCount(kc, NS);
-      controller = await ControllerProcess.start(cp.adminKubeconfigPath);
+      controller = await ControllerProcess.start(cp.adminKubeconfigPath, [], CONTROLLER_NODE_FLAGS);
       let coldMs: number;
       let leadingMs: number;
       try {
@@ -376,7 +379,7 @@ async function main(): Promise<void> {
       const coldBeside = { allocations: coldMetrics.get('pier_controller_allocate_duration_seconds_count') ?? 0, allocateSeconds: coldMetrics.get('pier_controller_allocate_duration_seconds_sum') ?? 0, events: coldEvents };
       row('  meanwhile: allocations, their time; controller CPU; Events written', `${coldBeside.allocations}, ${coldBeside.allocateSeconds.toFixed(1)} s; ${coldCpu.toFixed(1)} s; ${coldEvents}`);
       row('controller start -> all Events written', fmtMs(eventsMs));
-      row('controller VmRSS settled (peak VmHWM)', `${mb(settled.rssBytes)} (${mb(settled.hwmBytes)})`);
+      row('controller VmRSS settled (peak VmHWM); V8 heap used of total', `${mb(settled.rssBytes)} (${mb(settled.hwmBytes)}); ${mb(settled.heapUsedBytes)} of ${mb(settled.heapTotalBytes)}`);
 
       // -- The statuses: the largest, and who lists which node.
       const services = (await core.listNamespacedService({ namespace: NS })).items;
@@ -484,7 +487,7 @@ async function main(): Promise<void> {
 // ---------------------------------------------------------------------------
 
 const { stdout: loadBefore } = await execa('uptime', []);
-note(`pier scale benchmark: ${SIZES.join(' / ')} kwok nodes (dual-stack), ${SERVICES} dual-stack Services, K = ${K}; agent Lease renew ${AGENT_LEASE_RENEW_MS / 1000} s, duration ${AGENT_LEASE_DURATION_MS / 1000} s; kwok node Lease ${NODE_LEASE_SECONDS} s (renew ${NODE_LEASE_SECONDS / 4} s)`);
+note(`pier scale benchmark: ${SIZES.join(' / ')} kwok nodes (dual-stack), ${SERVICES} dual-stack Services, K = ${K}; controller: node ${CONTROLLER_NODE_FLAGS.join(' ')}; agent Lease renew ${AGENT_LEASE_RENEW_MS / 1000} s, duration ${AGENT_LEASE_DURATION_MS / 1000} s; kwok node Lease ${NODE_LEASE_SECONDS} s (renew ${NODE_LEASE_SECONDS / 4} s)`);
 note(`load before: ${loadBefore.trim()}`);
 try {
   await main();
