@@ -102,7 +102,6 @@ function bundledAgent(): Promise<string> {
   return bundleInto(join(ROOT, '.cache', 'bench-rss-live'));
 }
 
-
 interface Memory {
   rssKb: number;
   hwmKb: number;

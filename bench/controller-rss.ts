@@ -63,8 +63,6 @@ const row = (label: string, value: string) => process.stdout.write(`${label.padE
 const label = (flags: string) => (flags === '' ? 'node (defaults)' : `node ${flags}`);
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 
-
-
 /** Dual-stack Services with an endpoint on each node, as `kubectl expose` and the EndpointSlice controller leave them. */
 function spec(namespace: string, prefix: string, count: number, firstPort: number): FleetSpec {
   return {
