@@ -69,8 +69,8 @@ const ALLOCATE_DUTY_CYCLE = 0.25;
 /**
  * Allocation time saved up while changes are quiet, so that a change after a
  * quiet spell is judged at once rather than up to three runs' time behind an
- * unrelated allocation that had just started (a lost node waited 1.5 s so in
- * bench:scale). Enough for the resync's full allocation at 5,000 nodes and
+ * unrelated allocation that had just started (a lost node waited 1.5 s that
+ * way in bench:scale). Enough for the resync's full allocation at 5,000 nodes and
  * 10,000 Services (1.5-5 s there on 2 cores) and the change behind it.
  */
 const ALLOCATE_BURST_MS = 5000;
