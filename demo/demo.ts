@@ -111,7 +111,7 @@ async function main(): Promise<number> {
   }
 }
 
-/** Builds Kubernetes and the images when .cache/ lacks them (their progress goes to stderr), and says how long it took. */
+/** Builds Kubernetes and the images when the build cache (~/.cache/pier) lacks them (their progress goes to stderr), and says how long it took. */
 async function build(): Promise<void> {
   const announce = setTimeout(
     () => say('building Kubernetes (etcd, kube-apiserver, kubectl, kube-controller-manager, kube-scheduler, kubelet, kube-proxy; 6 to 30 minutes on two cores) and the images (pier/agent, pier/controller, pause, echo; 2 to 4 minutes): on the first run, and later only what changed; progress on stderr'),
@@ -122,8 +122,8 @@ async function build(): Promise<void> {
   // A cached build answers in about a second.
   const built = ([['Kubernetes', took.kubernetes], ['the images', took.images]] as const).filter(([, ms]) => ms > 3000);
   const minutes = (ms: number) => `${Math.floor(ms / 60_000)} min ${Math.round((ms % 60_000) / 1000)} s`;
-  if (built.length === 0) say('Kubernetes and the images are built already (.cache/cluster, .cache/images)');
-  else say(`built ${built.map(([what, ms]) => `${what} in ${minutes(ms)}`).join(' and ')}; later runs reuse .cache/`);
+  if (built.length === 0) say(`Kubernetes and the images are built already (${process.env.PIER_CACHE_DIR ?? '~/.cache/pier'})`);
+  else say(`built ${built.map(([what, ms]) => `${what} in ${minutes(ms)}`).join(' and ')}; later runs reuse the build cache`);
 }
 
 async function lookAround({ lab, cp, nodes }: Cluster): Promise<string[]> {

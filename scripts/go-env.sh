@@ -6,11 +6,12 @@
 # is used when new enough; otherwise (a fresh Debian has none, and bookworm's
 # golang-go is 1.19) the official toolchain of exactly that version is fetched
 # once from the Go module proxy, which serves it as the module
-# golang.org/toolchain, into .cache/go/<version>, a folder git ignores.
-# For tests: PIER_GO_CACHE_DIR replaces .cache/go, PIER_MACHINE_GOROOT
+# golang.org/toolchain, into $PIER_CACHE_DIR/go/<version> (scripts/cache-env.sh).
+# For tests: PIER_GO_CACHE_DIR replaces $PIER_CACHE_DIR/go, PIER_MACHINE_GOROOT
 # replaces /usr/local/go (empty: none).
 pier_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-pier_go_dir="${PIER_GO_CACHE_DIR:-$pier_root/.cache/go}"
+source "$pier_root/scripts/cache-env.sh"
+pier_go_dir="${PIER_GO_CACHE_DIR:-$PIER_CACHE_DIR/go}"
 pier_go_machine="${PIER_MACHINE_GOROOT-/usr/local/go}"
 
 # "go 1.26" in a go.mod means the 1.26.0 release at least.

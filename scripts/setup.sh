@@ -3,19 +3,21 @@
 # missing, so a second run costs seconds: the Debian packages the lab uses,
 # Node >= 22.19 (Node 24 from npm when the machine's is older), the npm
 # dependencies, and the kube-apiserver/etcd builds (with a Go fetched into
-# .cache/go when the machine's is missing or too old). Safe to run repeatedly.
-# With --runtime, only Node and the npm dependencies (what `pier` itself needs).
+# ~/.cache/pier/go when the machine's is missing or too old). Safe to run repeatedly.
+# With --runtime, only Node and the npm dependencies (what `pier` itself needs);
+# with --no-cluster, all but the Kubernetes build (scripts/test.sh times it apart).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-runtime_only=false
-[[ "${1:-}" == "--runtime" ]] && runtime_only=true
+runtime_only=false cluster=true
+[[ "${1:-}" == "--runtime" ]] && runtime_only=true cluster=false
+[[ "${1:-}" == "--no-cluster" ]] && cluster=false
 
 # Debian packages: iptables (nft and legacy), iproute2 for namespaces,
 # conntrack for inspecting connections, openssl for the test CA, util-linux
 # for setpriv and nsenter. Go comes with the machine (/usr/local/go) when new
 # enough, else scripts/go-env.sh (sourced by test/cluster/build.sh) fetches it
-# into .cache/go with curl and unzip: Debian's golang-go is too old.
+# into ~/.cache/pier/go with curl and unzip: Debian's golang-go is too old.
 need=()
 if ! $runtime_only; then
   # The real-node tests add a container runtime and an image builder:
@@ -54,4 +56,4 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   echo "$want" >"$stamp"
 fi
 
-$runtime_only || bash "$root/test/cluster/build.sh" >/dev/null
+! $cluster || bash "$root/test/cluster/build.sh" >/dev/null

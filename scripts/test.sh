@@ -1,64 +1,135 @@
 #!/usr/bin/env bash
-# The whole test suite: set-up (idempotent), the cluster and image builds
-# (cached), typecheck, build, then every vitest project: unit, integration
-# (real kube-apiserver) and e2e (network namespaces and real nodes; needs
-# root), then Kubernetes' own LoadBalancer specs against pier. Extra
-# arguments go to vitest alone, e.g. `--project unit`.
+# The whole test suite: set-up (idempotent), the builds (cached machine-wide,
+# scripts/cache-env.sh), typecheck, build, every vitest project (unit,
+# integration against a real kube-apiserver, e2e in network namespaces and on
+# real nodes; needs root), and Kubernetes' own LoadBalancer specs against pier
+# on both backends. Extra arguments go to vitest alone, e.g. `--project unit`
+# (the upstream specs are then left out).
+#
+# The two cores are spent on the longest path: once Kubernetes is built, the
+# upstream specs build and run in the background, on lab sites of their own
+# (1 to 4: each backend's specs split over PIER_UPSTREAM_SHARDS clusters),
+# while the rest builds and vitest runs on site 0. The run ends with a table of
+# its stages, vitest's slowest files, and one closing line that counts vitest
+# and the upstream specs together (scripts/summary.ts).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-bash scripts/setup.sh
-source scripts/node-env.sh
-export PIER_CLUSTER_BIN_DIR="$(bash test/cluster/build.sh)"
-# pier's two images, the pause image and the test pods' echo image, built by
-# buildah from their Dockerfiles (cached in .cache/images).
-export PIER_IMAGES_DIR="$(bash test/images/build.sh)"
-# helm and actionlint built from their Go modules, and the prometheus-operator
-# ServiceMonitor and PodMonitor CRDs from its module, for the Helm chart's and
-# the release workflow's tests (test/helm/build.sh; cached in .cache/).
-export PIER_HELM="$(bash test/helm/build.sh helm)"
-# Helm 3 too: the chart's tests lint and render it with both majors.
-export PIER_HELM3="$(bash test/helm/build.sh helm3)"
-export PIER_ACTIONLINT="$(bash test/helm/build.sh actionlint)"
-export PIER_PROMETHEUS_CRDS="$(bash test/helm/build.sh prometheus-crds)"
-
-echo "[test] typecheck and build" >&2
-npx tsc -p tsconfig.json
-npx tsc -p tsconfig.build.json
-
+# This run's results only: an earlier run's files are never read.
+rm -rf test-results
 mkdir -p test-results
-status=0
-npx vitest run --reporter=default --reporter=json --outputFile.json=test-results/vitest.json "$@" || status=$?
+export PIER_STAGES="$root/test-results/stages.tsv"
+run_start=$SECONDS
 
-# Kubernetes' own LoadBalancer specs (test/upstream) on both backends at once,
-# one real-node cluster each on the lab's two sites; a whole run only (no
-# vitest arguments, PIER_UPSTREAM unset or 1). Each prints its table.
+# timed NAME CMD...: runs CMD as one stage of the run; its start, length and
+# exit status go to the stages table.
+timed() {
+  local name="$1" t0=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$name" "$((t0 - run_start))" "$((SECONDS - t0))" "$rc" >>"$PIER_STAGES"
+  return "$rc"
+}
+
+# built VAR NAME CMD...: a cached build whose stdout is a path, exported as
+# VAR. Its progress goes to stderr and test-results/build-NAME.log; a failed
+# build stops the run here, with the end of its log.
+built() {
+  local var="$1" name="$2" out log="test-results/build-$2.log"
+  shift 2
+  if ! out="$(timed "build $name" "$@" 2> >(tee "$log" >&2))"; then
+    sleep 1 # tee may still be writing the log's last lines
+    echo "[test] building $name failed; the end of $log:" >&2
+    tail -n 40 "$log" >&2
+    exit 1
+  fi
+  export "$var=$out"
+}
+
+upstream=false
+[[ $# -eq 0 && "${PIER_UPSTREAM:-1}" == 1 ]] && upstream=true
+shards="${PIER_UPSTREAM_SHARDS:-2}"
+[[ "$shards" == 1 || "$shards" == 2 ]] || { echo "[test] PIER_UPSTREAM_SHARDS=$shards: 1 or 2 (the lab has four sites besides the tests' own)" >&2; exit 2; }
 backends=(iptables nftables)
-if [[ $# -eq 0 && "${PIER_UPSTREAM:-1}" == 1 ]]; then
-  echo "[test] upstream LoadBalancer specs, iptables and nftables backends at once" >&2
-  if bash test/upstream/build.sh >/dev/null; then
-    pids=()
-    for site in 0 1; do
-      node test/upstream/run.ts --backend "${backends[$site]}" --site "$site" \
-        >"test-results/upstream-${backends[$site]}.txt" 2>"test-results/upstream-${backends[$site]}.log" &
+
+timed setup bash scripts/setup.sh --no-cluster
+source scripts/node-env.sh
+built PIER_CLUSTER_BIN_DIR cluster bash test/cluster/build.sh
+# pier's two images, the pause image and the test pods' echo image, built by
+# buildah from their Dockerfiles.
+built PIER_IMAGES_DIR images bash test/images/build.sh
+
+# Kubernetes' own LoadBalancer specs (test/upstream), in the background: their
+# build, then every shard of both backends at once, each a real-node cluster
+# on a lab site of its own. Each shard writes its table and a JSON of its
+# outcomes into test-results/.
+upstream_specs() {
+  local log=test-results/build-upstream.log pids=() backend k site=1 rc=0
+  if ! timed 'build upstream' bash test/upstream/build.sh >/dev/null 2>"$log"; then
+    echo "[test] building the upstream specs failed; the end of $log:" >&2
+    tail -n 40 "$log" >&2
+    return 1
+  fi
+  for backend in "${backends[@]}"; do
+    for ((k = 1; k <= shards; k++, site++)); do
+      node test/upstream/run.ts --backend "$backend" --site "$site" --shard "$k/$shards" --json "test-results/upstream-$backend-$k.json" --long-after "$vitest_done" \
+        >"test-results/upstream-$backend-$k.txt" 2>"test-results/upstream-$backend-$k.log" &
       pids+=($!)
     done
-    for site in 0 1; do
-      backend="${backends[$site]}"
-      if ! wait "${pids[$site]}"; then
-        status=1
-        echo "[test] upstream specs on $backend failed; its log (test-results/upstream-$backend.log) ends:" >&2
-        tail -n 30 "test-results/upstream-$backend.log" >&2
-      fi
-      cat "test-results/upstream-$backend.txt"
-    done
-    for backend in "${backends[@]}"; do
-      echo "upstream specs ($backend): $(tail -n 1 "test-results/upstream-$backend.txt")"
-    done
-  else
-    status=1
-  fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return "$rc"
+}
+# The upstream specs' long rolling-update specs wait for this (run.ts says why).
+vitest_done=test-results/vitest.done
+summary=(--vitest test-results/vitest.json --stages "$PIER_STAGES")
+# A whole run checks that every README command a test claims ran (readme.ts).
+if [[ $# -eq 0 ]]; then
+  export PIER_README_RUNS="$root/test-results/readme-runs.txt"
+  summary+=(--readme-runs "$PIER_README_RUNS")
 fi
-node scripts/summary.ts test-results/vitest.json || status=1
+if $upstream; then
+  echo "[test] upstream LoadBalancer specs: building, then ${#backends[@]} backends x $shards shards on lab sites 1-$((${#backends[@]} * shards)), in the background" >&2
+  timed 'upstream specs (build and run)' upstream_specs &
+  upstream_pid=$!
+  # Background jobs of a script ignore SIGINT: a run that stops early (a failed
+  # build, Ctrl-C) stops them, and they their clusters.
+  trap 'kill -0 "$upstream_pid" 2>/dev/null && pkill -TERM -P "$upstream_pid"; wait' EXIT
+  for backend in "${backends[@]}"; do
+    for ((k = 1; k <= shards; k++)); do summary+=(--upstream "test-results/upstream-$backend-$k.json"); done
+  done
+fi
+
+# helm and actionlint built from their Go modules, and the prometheus-operator
+# ServiceMonitor and PodMonitor CRDs from its module, for the Helm chart's and
+# the release workflow's tests; Helm 3 too: the chart's tests lint and render
+# it with both majors.
+built PIER_HELM helm bash test/helm/build.sh helm
+built PIER_HELM3 helm3 bash test/helm/build.sh helm3
+built PIER_ACTIONLINT actionlint bash test/helm/build.sh actionlint
+built PIER_PROMETHEUS_CRDS prometheus-crds bash test/helm/build.sh prometheus-crds
+
+echo "[test] typecheck and build" >&2
+timed typecheck npx tsc -p tsconfig.json
+timed 'build dist' npx tsc -p tsconfig.build.json
+
+status=0
+timed vitest npx vitest run --reporter=default --reporter=json --outputFile.json=test-results/vitest.json "$@" || status=1
+touch "$vitest_done"
+
+if $upstream; then
+  echo "[test] waiting for the upstream specs" >&2
+  if ! wait "$upstream_pid"; then
+    status=1
+    for log in test-results/upstream-*.log; do
+      [[ -e "$log" ]] || continue
+      echo "[test] $log ends:" >&2
+      tail -n 15 "$log" >&2
+    done
+  fi
+  for txt in test-results/upstream-*.txt; do [[ -e "$txt" ]] && cat "$txt"; done
+fi
+node scripts/summary.ts "${summary[@]}" || status=1
+echo "[test] finished in $((SECONDS - run_start))s" >&2
 exit "$status"

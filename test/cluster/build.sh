@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds a whole Kubernetes from Go modules into .cache/cluster/<stamp>/: etcd,
+# Builds a whole Kubernetes from Go modules into $PIER_CACHE_DIR/cluster/<stamp>/: etcd,
 # kube-apiserver, kubectl, and for the real nodes kube-controller-manager,
 # kube-scheduler, kubelet and kube-proxy, all from one k8s.io/kubernetes
 # version. kubectl renders deploy/ (its built-in kustomize) and applies it in
@@ -13,7 +13,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 mod="$here/build"
 stamp="$(cat "$mod/go.mod" "$mod/go.sum" "$mod/etcd/main.go" "$here/build.sh" | sha256sum | cut -c1-16)"
-out="${PIER_CLUSTER_BIN_DIR:-$root/.cache/cluster/$stamp}"
+source "$root/scripts/cache-env.sh"
+out="${PIER_CLUSTER_BIN_DIR:-$PIER_CACHE_DIR/cluster/$stamp}"
 
 k8s_commands=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
 have_all=true
@@ -22,8 +23,15 @@ if $have_all; then
   echo "$out"
   exit 0
 fi
+pier_cache_lock cluster
+have_all=true
+for b in etcd "${k8s_commands[@]}"; do [[ -x "$out/$b" ]] || have_all=false; done
+if $have_all; then
+  echo "$out"
+  exit 0
+fi
 
-# The machine's Go when new enough, else one fetched into .cache/go.
+# The machine's Go when new enough, else one fetched (scripts/go-env.sh).
 source "$root/scripts/go-env.sh"
 
 k8s_version="$(cd "$mod" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
@@ -79,6 +87,6 @@ mv "$tmp" "$out"
 trap - EXIT
 # Builds for other pins are dead weight (about 150 MB each).
 if [[ -z "${PIER_CLUSTER_BIN_DIR:-}" ]]; then
-  find "$root/.cache/cluster" -mindepth 1 -maxdepth 1 ! -name "$stamp" -exec rm -rf {} +
+  find "$PIER_CACHE_DIR/cluster" -mindepth 1 -maxdepth 1 ! -name "$stamp" -exec rm -rf {} +
 fi
 echo "$out"

@@ -5,7 +5,7 @@
 // images imported into every node's containerd.
 import { execa, type Options } from 'execa';
 import { CoreV1Api } from '@kubernetes/client-node';
-import { Lab, type LabSiteIndex } from '../lab/lab.ts';
+import { Lab, SITES, siteIndex, type LabSiteIndex } from '../lab/lab.ts';
 import { ensureImages, type BuiltImages } from '../images/images.ts';
 import { kubectlPath, startControlPlane, type ControlPlane } from './controlplane.ts';
 import { startNode, type KubeNode, type ProxyMode } from './node.ts';
@@ -14,7 +14,11 @@ import { startNode, type KubeNode, type ProxyMode } from './node.ts';
 export interface ClusterOptions {
   nodes?: number;
   proxyMode?: ProxyMode;
-  /** The lab's site (lab.ts): two clusters can run at once on different sites. Default 0. */
+  /**
+   * The lab's site (lab.ts): clusters can run at once on different sites.
+   * Default $PIER_LAB_SITE, else 0: a second test run beside scripts/test.sh
+   * (which holds sites 0 to 5) takes site 6.
+   */
   site?: LabSiteIndex;
 }
 
@@ -29,11 +33,19 @@ export interface Cluster {
   stop(): Promise<void>;
 }
 
+/** The lab site startCluster() takes by default: $PIER_LAB_SITE, else 0. */
+export function envSite(): LabSiteIndex {
+  const raw = process.env['PIER_LAB_SITE'] ?? '0';
+  const site = siteIndex(raw);
+  if (site === undefined) throw new Error(`PIER_LAB_SITE=${raw}: no such lab site (0 to ${SITES.length - 1})`);
+  return site;
+}
+
 export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> {
   const count = opts.nodes ?? 2;
   // The builds run first: the lab and the control plane should not wait on them.
   const [images, kubectl] = await Promise.all([ensureImages(), kubectlPath()]);
-  const lab = await Lab.create({ nodes: Array(count).fill(0), clients: 1, hostLink: true, podBridges: false, site: opts.site });
+  const lab = await Lab.create({ nodes: Array(count).fill(0), clients: 1, hostLink: true, podBridges: false, site: opts.site ?? envSite() });
   let cp: ControlPlane | undefined;
   const nodes: KubeNode[] = [];
   const stop = async () => {

@@ -26,11 +26,19 @@ const CNI_BIN = '/usr/lib/cni';
 export const PAUSE_IMAGE = 'registry.k8s.io/pause:3.10';
 
 /**
- * Machine-wide sysctls the kubelet sets at start-up (its kernel tunables,
- * unless protectKernelDefaults): saved before the first kubelet starts and
- * put back when the last node stops, so a test run changes nothing global.
+ * Machine-wide sysctls the nodes change: the kubelet's kernel tunables (set
+ * at start-up unless protectKernelDefaults) and inotify's per-user limits
+ * (INOTIFY_FLOORS). Saved before the first kubelet starts and put back when
+ * the last node stops, so a test run changes nothing global.
  */
-const KUBELET_SYSCTLS = ['vm/overcommit_memory', 'vm/panic_on_oom', 'kernel/panic', 'kernel/panic_on_oops', 'kernel/keys/root_maxkeys', 'kernel/keys/root_maxbytes'];
+const KUBELET_SYSCTLS = ['vm/overcommit_memory', 'vm/panic_on_oom', 'kernel/panic', 'kernel/panic_on_oops', 'kernel/keys/root_maxkeys', 'kernel/keys/root_maxbytes', 'fs/inotify/max_user_instances', 'fs/inotify/max_user_watches'];
+/**
+ * Every kubelet (cAdvisor), containerd and pod takes inotify instances, all
+ * counted against root: with the suite's six clusters at once, Debian's 128
+ * ran out and a kubelet failed to start ("inotify_init: too many open
+ * files"). kind asks its users for the same raise.
+ */
+const INOTIFY_FLOORS: Record<string, number> = { 'fs/inotify/max_user_instances': 1024, 'fs/inotify/max_user_watches': 524288 };
 const SAVED_SYSCTLS = '/run/pier-node-sysctls.json';
 
 /** Exits 0 when the URL in argv[1] answers 2xx: a health check run inside the node's network namespace. */
@@ -467,9 +475,14 @@ function walk(path: string): string[] {
 }
 
 function saveKubeletSysctls(): void {
-  if (existsSync(SAVED_SYSCTLS)) return;
-  const saved = Object.fromEntries(KUBELET_SYSCTLS.map((k) => [k, readIfExists(join('/proc/sys', k)).trim()]));
-  writeFileSync(SAVED_SYSCTLS, JSON.stringify(saved));
+  if (!existsSync(SAVED_SYSCTLS)) {
+    const saved = Object.fromEntries(KUBELET_SYSCTLS.map((k) => [k, readIfExists(join('/proc/sys', k)).trim()]));
+    writeFileSync(SAVED_SYSCTLS, JSON.stringify(saved));
+  }
+  for (const [key, floor] of Object.entries(INOTIFY_FLOORS)) {
+    const file = join('/proc/sys', key);
+    if (Number(readIfExists(file).trim()) < floor) writeFileSync(file, String(floor));
+  }
 }
 
 /** Puts the kubelet's sysctls back once no node of any live run is left. */

@@ -9,13 +9,15 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { execa } from 'execa';
 import { describe, expect, it } from 'vitest';
-import { listLabNamespaces } from '../lab/lab.ts';
+import { envSite } from '../cluster/cluster.ts';
+import { listLabNamespaces, SITES } from '../lab/lab.ts';
 import { runReadme, spawnReadme } from '../support/readme.ts';
 import { eventually } from '../support/wait.ts';
 
 const DEMO = fileURLToPath(new URL('../../demo/demo.ts', import.meta.url));
-const NODES_V4 = ['198.51.100.11', '198.51.100.12'];
-const NODES_V6 = ['2001:db8:0:1::11', '2001:db8:0:1::12'];
+// The demo's cluster is startCluster()'s: on the site PIER_LAB_SITE names.
+const NODES_V4 = [11, 12].map((h) => `${SITES[envSite()]!.net4}.${h}`);
+const NODES_V6 = [11, 12].map((h) => `${SITES[envSite()]!.net6}::${h}`);
 // A cold build takes half an hour; the tests expect the caches warm (scripts/test.sh builds first).
 const TIMEOUT = 900_000;
 

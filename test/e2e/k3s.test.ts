@@ -1,6 +1,6 @@
 // pier on a real k3s server, installed with the README's k3s quick start as
 // written (test/support/readme.ts lists each substitution and why): k3s
-// built from its Go module (test/k3s/build.sh, cached in .cache/k3s) and run
+// built from its Go module (test/k3s/build.sh, cached in ~/.cache/pier/k3s) and run
 // as one node in a lab node's network namespace (test/k3s/k3s.ts, which
 // names each part of k3s turned off and why); pier's images imported by the
 // README's `k3s ctr images import -` line (as `ctr`, k3s's link: readme.ts
@@ -57,7 +57,9 @@ async function mergeDockerArchives(archives: string[], out: string, work: string
   await execa('tar', ['-cf', out, '-C', work, '.']);
 }
 
-describe.skipIf(!HAVE_K3S && !BUILD)(`pier on k3s ${K3S_VERSION}, installed as the README's k3s quick start says`, () => {
+// A skip names its reason in the title, which the run's summary lists.
+const skipped = !HAVE_K3S && !BUILD ? ` (skipped: no k3s build at ${K3S_BINARY}; \`bash test/k3s/build.sh\` primes the cache)` : '';
+describe.skipIf(skipped !== '')(`pier on k3s ${K3S_VERSION}, installed as the README's k3s quick start says${skipped}`, () => {
   let lab: Lab;
   let k3s: K3sNode;
   let images: BuiltImages;

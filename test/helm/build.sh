@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # What the chart's and the release workflow's tests run, from Go modules
-# (the Go module proxy is the only registry reached), cached in .cache/:
+# (the Go module proxy is the only registry reached), cached in $PIER_CACHE_DIR (scripts/cache-env.sh):
 #
-#   helm             helm.sh/helm/v4/cmd/helm@$HELM_VERSION         -> .cache/helm/<version>/helm
-#   helm3            helm.sh/helm/v3/cmd/helm@$HELM3_VERSION        -> .cache/helm3/<version>/helm
-#   actionlint       github.com/rhysd/actionlint/cmd/actionlint@... -> .cache/actionlint/<version>/actionlint
+#   helm             helm.sh/helm/v4/cmd/helm@$HELM_VERSION         -> $PIER_CACHE_DIR/helm/<version>/helm
+#   helm3            helm.sh/helm/v3/cmd/helm@$HELM3_VERSION        -> $PIER_CACHE_DIR/helm3/<version>/helm
+#   actionlint       github.com/rhysd/actionlint/cmd/actionlint@... -> $PIER_CACHE_DIR/actionlint/<version>/actionlint
 #   prometheus-crds  the ServiceMonitor and PodMonitor CRDs of the module
 #                    github.com/prometheus-operator/prometheus-operator@...
-#                    (example/prometheus-operator-crd/)             -> .cache/prometheus-operator/<version>/
+#                    (example/prometheus-operator-crd/)             -> $PIER_CACHE_DIR/prometheus-operator/<version>/
 #
 # Usage: build.sh [helm|helm3|actionlint|prometheus-crds]...   (default: helm)
 # Prints, per argument, the binary's path (the folder's for the CRDs) on
@@ -42,11 +42,12 @@ root="$(cd "$here/../.." && pwd)"
 exec 3>&1 1>&2
 log() { printf '[helm] %s\n' "$*" >&2; }
 recipe="$(sha256sum "$here/build.sh" | cut -c1-16)"
+source "$root/scripts/cache-env.sh"
 
 go_ready=false
 use_go() {
   $go_ready && return 0
-  # The machine's Go when new enough, else one fetched into .cache/go.
+  # The machine's Go when new enough, else one fetched (scripts/go-env.sh).
   source "$root/scripts/go-env.sh"
   # Exactly that Go: a module asking for a newer one must fail here, not
   # make the go command download a toolchain of its own.
@@ -90,7 +91,7 @@ go_install() {
 }
 
 build_helm() {
-  local dir="$root/.cache/helm/$HELM_VERSION"
+  local dir="$PIER_CACHE_DIR/helm/$HELM_VERSION"
   if ! fresh "$dir" helm; then
     use_go
     log "building helm $HELM_VERSION (cold: about 6.5 minutes on two cores, module downloads included; seconds with Go's build cache warm)"
@@ -103,7 +104,7 @@ build_helm() {
 
 build_helm3() {
   # Its own folder: publish() removes the other versions beside a build.
-  local dir="$root/.cache/helm3/$HELM3_VERSION"
+  local dir="$PIER_CACHE_DIR/helm3/$HELM3_VERSION"
   if ! fresh "$dir" helm; then
     use_go
     log "building helm $HELM3_VERSION (cold: about 2.5 minutes on two cores, its Kubernetes v1.37.0 modules close to the cluster's; seconds with Go's build cache warm)"
@@ -120,7 +121,7 @@ build_helm3() {
 }
 
 build_actionlint() {
-  local dir="$root/.cache/actionlint/$ACTIONLINT_VERSION"
+  local dir="$PIER_CACHE_DIR/actionlint/$ACTIONLINT_VERSION"
   if ! fresh "$dir" actionlint; then
     use_go
     log "building actionlint $ACTIONLINT_VERSION"
@@ -131,7 +132,7 @@ build_actionlint() {
 }
 
 build_prometheus_crds() {
-  local dir="$root/.cache/prometheus-operator/$PROMETHEUS_OPERATOR_VERSION" crd module tmp
+  local dir="$PIER_CACHE_DIR/prometheus-operator/$PROMETHEUS_OPERATOR_VERSION" crd module tmp
   local crds=(monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml)
   if ! fresh "$dir" "${crds[@]}"; then
     use_go
@@ -151,6 +152,7 @@ build_prometheus_crds() {
 
 (($# > 0)) || set -- helm
 for what in "$@"; do
+  pier_cache_lock "$what"
   case "$what" in
     helm) build_helm ;;
     helm3) build_helm3 ;;

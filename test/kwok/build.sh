@@ -2,13 +2,13 @@
 # kwok, the Kubernetes SIG's node simulator, for bench/scale.ts: it keeps
 # thousands of fake Nodes Ready and their node Leases renewed against the
 # project's own kube-apiserver (test/cluster/). Built from its Go module (the
-# Go module proxy is the only registry reached), cached in .cache/:
+# Go module proxy is the only registry reached), cached in $PIER_CACHE_DIR (scripts/cache-env.sh):
 #
-#   kwok    sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION -> .cache/kwok/<version>/kwok
+#   kwok    sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION -> $PIER_CACHE_DIR/kwok/<version>/kwok
 #   stages  the module's own node Stages, which kwokctl gives kwok when node
 #           Leases are on (kustomize/stage/node/fast/node-initialize.yaml,
 #           kustomize/stage/node/heartbeat-with-lease/...yaml)
-#                                                   -> .cache/kwok/<version>/stages/
+#                                                   -> $PIER_CACHE_DIR/kwok/<version>/stages/
 #
 # Only kwok: kwokctl (which starts clusters of its own) is not needed, and
 # kwok alone starts with no Stage: bench/scale.ts passes these with --config.
@@ -27,7 +27,9 @@ root="$(cd "$here/../.." && pwd)"
 exec 3>&1 1>&2
 log() { printf '[kwok] %s\n' "$*" >&2; }
 recipe="$(sha256sum "$here/build.sh" | cut -c1-16)"
-dir="$root/.cache/kwok/$KWOK_VERSION"
+source "$root/scripts/cache-env.sh"
+dir="$PIER_CACHE_DIR/kwok/$KWOK_VERSION"
+pier_cache_lock kwok
 
 stages=(node-initialize.yaml node-heartbeat-with-lease.yaml)
 if [[ -f "$dir/recipe" && "$(cat "$dir/recipe")" == "$recipe" && -x "$dir/kwok" && -f "$dir/stages/${stages[0]}" && -f "$dir/stages/${stages[1]}" ]]; then
@@ -35,7 +37,7 @@ if [[ -f "$dir/recipe" && "$(cat "$dir/recipe")" == "$recipe" && -x "$dir/kwok" 
   exit 0
 fi
 
-# The machine's Go when new enough, else one fetched into .cache/go.
+# The machine's Go when new enough, else one fetched (scripts/go-env.sh).
 source "$root/scripts/go-env.sh"
 # Exactly that Go: a module asking for a newer one must fail here, not make
 # the go command download a toolchain of its own.

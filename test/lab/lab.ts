@@ -13,6 +13,11 @@
 //                     node i's pods 198.19.i.0/24, 2001:db8:1:i::/64
 //   site 1:           underlay 198.19.192.0/24, 2001:db8:0:2::/64;
 //                     node i's pods 198.19.(128+i).0/24, 2001:db8:1:(128+i)::/64
+//   sites 2 to 6:     underlay 198.19.(191+s).0/24, 2001:db8:0:(s+1)::/64;
+//                     node i's pods 198.19.(184+8s+i).0/24 (up to 7 nodes)
+// scripts/test.sh runs the upstream specs on sites 1 to 4 while vitest runs:
+// the tests use sites 0 and 5; site 6 is for a second run beside a suite
+// (PIER_LAB_SITE, test/cluster/cluster.ts).
 // (Not 203.0.113.0/24: this workplace serves its package mirrors from it.)
 // Pod subnets are routed between nodes (and from clients) via node
 // addresses. Every pod runs echo-server.ts on port 8080, TCP and UDP.
@@ -52,7 +57,7 @@ export interface LabSpec {
   podBridges?: boolean;
 }
 
-export type LabSiteIndex = 0 | 1;
+export type LabSiteIndex = 0 | 1 | 2 | 3 | 4 | 5 | 6;
 
 export interface LabSite {
   index: LabSiteIndex;
@@ -90,7 +95,14 @@ const makeSite = (index: LabSiteIndex, net4: string, net6: string, podBase: numb
 export const SITES: readonly LabSite[] = [
   makeSite(0, '198.51.100', '2001:db8:0:1', 0, ['198.19.0.0/16', '2001:db8:1::/48'], 90, '/run/pierlab.host-link'),
   makeSite(1, '198.19.192', '2001:db8:0:2', 128, ['198.19.128.0/18', '2001:db8:1::/48'], 63, '/run/pierlab.host-link.1'),
+  // Small sites, so that a test run can start a cluster per upstream-spec shard beside its own (scripts/test.sh).
+  ...([2, 3, 4, 5, 6] as const).map((s) => makeSite(s, `198.19.${191 + s}`, `2001:db8:0:${s + 1}`, 184 + 8 * s, [`198.19.${184 + 8 * s}.0/21`, '2001:db8:1::/48'], 7, `/run/pierlab.host-link.${s}`)),
 ];
+
+/** The lab site a flag or variable names, or undefined when `raw` names none. */
+export function siteIndex(raw: string): LabSiteIndex | undefined {
+  return /^\d+$/.test(raw) && SITES[Number(raw)] ? (Number(raw) as LabSiteIndex) : undefined;
+}
 
 /** Site 0's addresses, for code written before sites; a Lab's own are lab.hostV4 etc. */
 export const UNDERLAY_V4 = SITES[0]!.underlayV4;

@@ -22,7 +22,7 @@
 //   nothing from the cluster is ever put into it: values a test supplies
 //   (the image built here, a node's name, the kubeconfig) go in environment
 //   variables, and a substitution only ever writes a fixed `"$VARIABLE"`.
-import { chmodSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { appendFileSync, chmodSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -549,7 +549,18 @@ export async function runReadme(id: ReadmeRunId, opts: ReadmeRunOptions = {}): P
   } finally {
     tools.done();
   }
+  recordRun(id);
   return results;
+}
+
+/**
+ * Notes in $PIER_README_RUNS (scripts/test.sh sets it) that run `id` ran to
+ * the end, so that the run's summary names the README commands a skipped or
+ * failed test left unrun instead of counting them as tested.
+ */
+function recordRun(id: ReadmeRunId): void {
+  const file = process.env['PIER_README_RUNS'];
+  if (file) appendFileSync(file, `${id}\n`);
 }
 
 /**
@@ -565,6 +576,9 @@ export async function spawnReadme<O extends Options>(id: ReadmeRunId, execaOptio
   const tools = await toolsDir(lines);
   console.log(`${describeRun(id)}\n[readme] $ ${lines[0]}`);
   const child = execa('bash', ['-c', lines[0]!], { ...execaOptions, cwd: ROOT, env: { ...runEnv(tools.dir, opts), ...(execaOptions.env as Record<string, string> | undefined) } }) as unknown as ResultPromise<O>;
-  void Promise.resolve(child).then(tools.done, tools.done);
+  void Promise.resolve(child).then((r) => {
+    if (r.exitCode === 0) recordRun(id);
+    tools.done();
+  }, tools.done);
   return { child };
 }

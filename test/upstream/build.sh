@@ -6,14 +6,14 @@
 #   agnhost    k8s.io/kubernetes/test/images/agnhost (in the kubernetes module itself)
 #   coredns    github.com/coredns/coredns at $COREDNS_VERSION (a module of its own)
 #
-# into .cache/upstream/bin/<stamp>/, and two images, made with buildah in a
-# private storage (.cache/upstream/images/storage) since no registry is reachable:
+# into $PIER_CACHE_DIR/upstream/bin/<stamp>/, and two images, made with buildah in a
+# private storage ($PIER_CACHE_DIR/upstream/images/storage) since no registry is reachable:
 #
 #   registry.k8s.io/e2e-test-images/agnhost:<manifest version>   bookworm (mmdebstrap) with
 #        the tools upstream's alpine image has (curl, nc, dig, ip/ss, socat, bash) + agnhost
 #   registry.k8s.io/coredns/coredns:<version>                    scratch + the static coredns
 #
-# as docker-archives (.cache/upstream/images/{agnhost,coredns}.tar) for
+# as docker-archives ($PIER_CACHE_DIR/upstream/images/{agnhost,coredns}.tar) for
 # `ctr -n k8s.io images import`. The binaries' stamp hashes test/upstream/build
 # (go.mod, go.sum, tools.go), the CoreDNS version and this script; an image's key
 # hashes its binary and its recipe. A warm run costs seconds. Prints a JSON
@@ -38,7 +38,8 @@ log() { printf '[upstream] %s\n' "$*" >&2; }
 indent() { sed -u 's/^/[upstream]   /' >&2; }
 die() { log "error: $*"; exit 1; }
 
-cache="$root/.cache/upstream"
+source "$root/scripts/cache-env.sh"
+cache="$PIER_CACHE_DIR/upstream"
 mkdir -p "$cache"
 exec 9>"$cache/lock"
 if ! flock -n 9; then
@@ -46,7 +47,7 @@ if ! flock -n 9; then
   flock 9
 fi
 
-# The machine's Go when new enough, else one fetched into .cache/go.
+# The machine's Go when new enough, else one fetched (scripts/go-env.sh).
 source "$root/scripts/go-env.sh"
 
 stamp="$(cat "$mod/go.mod" "$mod/go.sum" "$mod/tools.go" "$here/build.sh" | sha256sum | cut -c1-16)"
@@ -114,7 +115,7 @@ if [[ -f "$out/driver" ]]; then
   driver="$(cat "$out/driver")"
 else
   # The driver test/images/build.sh found usable here.
-  driver="$(cat "$root/.cache/images/driver" 2>/dev/null || echo vfs)"
+  driver="$(cat "$PIER_CACHE_DIR/images/driver" 2>/dev/null || echo vfs)"
   echo "$driver" >"$out/driver"
 fi
 work="$(mktemp -d "$out/work.XXXXXX")"

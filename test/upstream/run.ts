@@ -3,7 +3,8 @@
 // rather than by our reading of them (issue 27).
 //
 //   node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX]
-//                             [--skip REGEX] [--spec-timeout MINUTES] [--site 0|1] [--list]
+//                             [--skip REGEX] [--spec-timeout MINUTES] [--site 0-3]
+//                             [--shard K/N] [--json FILE] [--long-after FILE] [--list]
 //
 // 1. test/upstream/build.sh: e2e.test (`go test -c k8s.io/kubernetes/test/e2e`),
 //    the agnhost and CoreDNS images (cached; a warm run costs seconds).
@@ -17,7 +18,16 @@
 // 4. Each spec alone (pier gives each address/protocol/port to the oldest
 //    Service, so specs must not overlap), with a timeout, waiting between
 //    specs until the previous spec's namespaces are gone.
-// 5. A table of every spec and its outcome; exit 1 when an applicable spec failed.
+// 5. A table of every spec and its outcome (and with --json, the same as data
+//    for scripts/summary.ts); exit 1 when an applicable spec failed.
+//
+// --shard K/N runs the K-th of N parts of the specs (shardOf), so that N
+// clusters on N lab sites share one backend's specs at the same time. The
+// long specs (rolling updates, about 10 minutes) run last; with --long-after
+// FILE they wait until FILE exists: scripts/test.sh creates it when vitest is
+// done, since those specs count failed requests over a rolling update, and on
+// two cores shared with vitest's real nodes the pods restart slowly enough
+// that an externalTrafficPolicy=Local round fell to 91 % (upstream asks 95 %).
 //
 // Specs that do not apply to pier are skipped by name, with the reason (SKIPPED_BY_NAME).
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -27,6 +37,8 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { execa } from 'execa';
 import { startCluster, type Cluster } from '../cluster/cluster.ts';
+import { SITES, siteIndex, type LabSiteIndex } from '../lab/lab.ts';
+import { shardOf, specWeight } from './shard.ts';
 import { kubectlPath } from '../cluster/controlplane.ts';
 import { deployClusterDns } from '../cluster/dns.ts';
 import { atExit } from '../support/cleanup.ts';
@@ -75,8 +87,14 @@ interface Args {
   focus: string;
   skip?: string;
   specTimeoutMin: number;
-  /** The lab's address plan (test/lab/lab.ts): two runs at once need one each. */
-  site: 0 | 1;
+  /** The lab's address plan (test/lab/lab.ts): runs at once need one each. */
+  site: LabSiteIndex;
+  /** This run's part of the specs, [K, N] with 1 <= K <= N. */
+  shard: [number, number];
+  /** Where to write the outcomes as JSON (UpstreamResult). */
+  json?: string;
+  /** The long specs wait until this file exists. */
+  longAfter?: string;
   list: boolean;
 }
 
@@ -88,12 +106,15 @@ function parse(): Args {
       skip: { type: 'string' },
       'spec-timeout': { type: 'string', default: '20' },
       site: { type: 'string', default: '0' },
+      shard: { type: 'string', default: '1/1' },
+      json: { type: 'string' },
+      'long-after': { type: 'string' },
       list: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
   if (values.help) {
-    console.log('usage: node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX] [--skip REGEX] [--spec-timeout MINUTES] [--site 0|1] [--list]');
+    console.log('usage: node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX] [--skip REGEX] [--spec-timeout MINUTES] [--site 0-3] [--shard K/N] [--json FILE] [--long-after FILE] [--list]');
     process.exit(0);
   }
   if (values.backend !== 'iptables' && values.backend !== 'nftables') {
@@ -105,11 +126,17 @@ function parse(): Args {
     console.error(`--spec-timeout: ${values['spec-timeout']} is not a positive number of minutes`);
     process.exit(2);
   }
-  if (values.site !== '0' && values.site !== '1') {
-    console.error(`--site: ${values.site} is neither 0 nor 1`);
+  const site = siteIndex(values.site!);
+  if (site === undefined) {
+    console.error(`--site: ${values.site} is not a lab site (0 to ${SITES.length - 1})`);
     process.exit(2);
   }
-  return { backend: values.backend, focus: values.focus!, skip: values.skip, specTimeoutMin, site: Number(values.site) as 0 | 1, list: values.list! };
+  const shard = /^(\d+)\/(\d+)$/.exec(values.shard!)?.slice(1).map(Number);
+  if (!shard || !(shard[0]! >= 1 && shard[0]! <= shard[1]!)) {
+    console.error(`--shard: ${values.shard} is not K/N with 1 <= K <= N`);
+    process.exit(2);
+  }
+  return { backend: values.backend, focus: values.focus!, skip: values.skip, specTimeoutMin, site, shard: [shard[0]!, shard[1]!], json: values.json, longAfter: values['long-after'], list: values.list! };
 }
 
 interface Upstream {
@@ -252,6 +279,15 @@ async function runSpec(cluster: Cluster, up: Upstream, spec: string, index: numb
   }
 }
 
+/** What --json writes: scripts/summary.ts counts these in the run's closing line. */
+export interface UpstreamResult {
+  backend: string;
+  shard: string;
+  /** false when the run stopped before every spec of its shard had an outcome (the cluster failed to start, say). */
+  complete: boolean;
+  outcomes: Outcome[];
+}
+
 function printTable(outcomes: Outcome[], backend: string): void {
   const short = (s: string) => s.replace(/^\[sig-network\] /, '');
   const rows = outcomes.map((o) => [short(o.spec), o.state + (o.seconds !== undefined ? ` (${o.seconds} s)` : ''), o.detail]);
@@ -274,9 +310,12 @@ async function main(): Promise<number> {
   const listed = await listSpecs(up, args, work, kubectl);
   if (listed.length === 0) throw new Error(`no spec matches --focus ${args.focus}`);
   // In file order (ginkgo's dry run shuffles the top-level containers).
-  const specs = listed.map(fullText).sort();
   const skipReason = (spec: string) => SKIPPED_BY_NAME.find((s) => s.match.test(spec))?.reason;
-  log(`${specs.length} specs (e2e.test ${up.kubernetesVersion}):\n${specs.map((s) => `  ${skipReason(s) ? 'skip ' : 'run  '} ${s}`).join('\n')}`);
+  const all = listed.map(fullText).sort();
+  // The long ones last (sort is stable: name order otherwise).
+  const specs = shardOf(all, args.shard, (spec) => (skipReason(spec) ? 0 : specWeight(spec))).sort((a, b) => specWeight(a) - specWeight(b));
+  const part = args.shard[1] > 1 ? `, shard ${args.shard.join('/')}: ${specs.length} of ${all.length}` : '';
+  log(`${specs.length} specs (e2e.test ${up.kubernetesVersion}${part}):\n${specs.map((s) => `  ${skipReason(s) ? 'skip ' : 'run  '} ${s}`).join('\n')}`);
   if (args.list) return 0;
 
   const outcomes: Outcome[] = [];
@@ -299,6 +338,10 @@ async function main(): Promise<number> {
       await eventually('the previous spec\'s namespaces to be deleted', async () => (await leftoverNamespaces(cluster!)).length === 0, { timeoutMs: 300_000, intervalMs: 2000 }).catch(async (err: unknown) => {
         log(`warning: ${(err as Error).message}: ${(await leftoverNamespaces(cluster!)).join(', ')}`);
       });
+      if (args.longAfter && specWeight(spec) > 1 && !existsSync(args.longAfter)) {
+        log(`waiting for ${args.longAfter} before the long specs`);
+        await eventually(`${args.longAfter} to exist`, () => existsSync(args.longAfter!), { timeoutMs: 3 * 3600_000, intervalMs: 2000 });
+      }
       log(`[${i + 1}/${specs.length}] ${spec}`);
       const o = await runSpec(cluster, up, spec, i, args, work, kubectl);
       log(`[${i + 1}/${specs.length}] ${o.state}${o.detail ? `: ${o.detail}` : ''}`);
@@ -306,6 +349,10 @@ async function main(): Promise<number> {
     }
   } finally {
     if (outcomes.length > 0) printTable(outcomes, args.backend);
+    if (args.json) {
+      const result: UpstreamResult = { backend: args.backend, shard: args.shard.join('/'), complete: outcomes.length === specs.length, outcomes };
+      writeFileSync(args.json, `${JSON.stringify(result, null, 2)}\n`);
+    }
     log('stopping the cluster');
     await cluster?.stop();
   }
