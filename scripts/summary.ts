@@ -11,7 +11,7 @@
 // run to the end are listed as skipped: a README command counts as tested only
 // in a run that ran it.
 //
-//   node scripts/summary.ts --vitest FILE [--stages FILE] [--upstream FILE]... [--readme-runs FILE]
+//   node scripts/summary.ts --vitest FILE... [--stages FILE] [--upstream FILE]... [--readme-runs FILE]
 import { existsSync, readFileSync } from 'node:fs';
 import { relative } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -138,19 +138,21 @@ function filesTable(report: VitestReport, root: string, atLeastS: number): strin
 
 function main(): number {
   const { values } = parseArgs({
-    options: { vitest: { type: 'string' }, stages: { type: 'string' }, upstream: { type: 'string', multiple: true, default: [] }, 'readme-runs': { type: 'string' } },
+    options: { vitest: { type: 'string', multiple: true, default: [] }, stages: { type: 'string' }, upstream: { type: 'string', multiple: true, default: [] }, 'readme-runs': { type: 'string' } },
   });
   const root = process.cwd();
   const parts: Tally[] = [];
   const out: string[] = [''];
   if (values.stages) out.push(...stagesTable(values.stages), '');
-  if (values.vitest) {
-    const report = readJson<VitestReport>(values.vitest);
+  const reports: VitestReport = { testResults: [] };
+  for (const file of values.vitest!) {
+    const report = readJson<VitestReport>(file);
     if (report) {
-      out.push(...filesTable(report, root, 10), '');
+      reports.testResults.push(...report.testResults);
       parts.push(tallyVitest(report, root));
-    } else parts.push({ passed: 0, failed: [`vitest: no report in ${values.vitest} (vitest did not finish; its output is above)`], skipped: [] });
+    } else parts.push({ passed: 0, failed: [`vitest: no report in ${file} (vitest did not finish; its output is above)`], skipped: [] });
   }
+  if (reports.testResults.length) out.push(...filesTable(reports, root, 10), '');
   for (const file of values.upstream!) parts.push(tallyUpstream(readJson<UpstreamReport>(file), file));
   const readme = values['readme-runs'];
   if (readme) parts.push(unrunReadme(existsSync(readme) ? readFileSync(readme, 'utf8') : ''));

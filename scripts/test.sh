@@ -47,6 +47,10 @@ built() {
   export "$var=$out"
 }
 
+# background CMD...: a build beside the tests, at a lower CPU priority so that
+# the tests' timings (refused at once, no SYN lost) see the cores first.
+background() { nice -n 10 "$@"; }
+
 upstream=false
 [[ $# -eq 0 && "${PIER_UPSTREAM:-1}" == 1 ]] && upstream=true
 shards="${PIER_UPSTREAM_SHARDS:-2}"
@@ -66,7 +70,7 @@ built PIER_IMAGES_DIR images bash test/images/build.sh
 # outcomes into test-results/.
 upstream_specs() {
   local log=test-results/build-upstream.log pids=() backend k site=1 rc=0
-  if ! timed 'build upstream' bash test/upstream/build.sh >/dev/null 2>"$log"; then
+  if ! timed 'build upstream' background bash test/upstream/build.sh >/dev/null 2>"$log"; then
     echo "[test] building the upstream specs failed; the end of $log:" >&2
     tail -n 40 "$log" >&2
     return 1
@@ -83,7 +87,7 @@ upstream_specs() {
 }
 # The upstream specs' long rolling-update specs wait for this (run.ts says why).
 vitest_done=test-results/vitest.done
-summary=(--vitest test-results/vitest.json --stages "$PIER_STAGES")
+summary=(--stages "$PIER_STAGES")
 # A whole run checks that every README command a test claims ran (readme.ts).
 if [[ $# -eq 0 ]]; then
   export PIER_README_RUNS="$root/test-results/readme-runs.txt"
@@ -93,9 +97,6 @@ if $upstream; then
   echo "[test] upstream LoadBalancer specs: building, then ${#backends[@]} backends x $shards shards on lab sites 1-$((${#backends[@]} * shards)), in the background" >&2
   timed 'upstream specs (build and run)' upstream_specs &
   upstream_pid=$!
-  # Background jobs of a script ignore SIGINT: a run that stops early (a failed
-  # build, Ctrl-C) stops them, and they their clusters.
-  trap 'kill -0 "$upstream_pid" 2>/dev/null && pkill -TERM -P "$upstream_pid"; wait' EXIT
   for backend in "${backends[@]}"; do
     for ((k = 1; k <= shards; k++)); do summary+=(--upstream "test-results/upstream-$backend-$k.json"); done
   done
@@ -104,19 +105,73 @@ fi
 # helm and actionlint built from their Go modules, and the prometheus-operator
 # ServiceMonitor and PodMonitor CRDs from its module, for the Helm chart's and
 # the release workflow's tests; Helm 3 too: the chart's tests lint and render
-# it with both majors.
-built PIER_HELM helm bash test/helm/build.sh helm
-built PIER_HELM3 helm3 bash test/helm/build.sh helm3
-built PIER_ACTIONLINT actionlint bash test/helm/build.sh actionlint
-built PIER_PROMETHEUS_CRDS prometheus-crds bash test/helm/build.sh prometheus-crds
+# it with both majors. Only those tests need them, so they build in the
+# background beside the first tests, and each tool's path (or its failure)
+# lands in PIER_TOOLS_DIR, where test/helm/tools.ts waits for it.
+export PIER_TOOLS_DIR="$root/test-results/tools"
+mkdir -p "$PIER_TOOLS_DIR"
+helm_tools() {
+  local tool out rc=0 log
+  for tool in helm helm3 actionlint prometheus-crds; do
+    log="test-results/build-$tool.log"
+    if out="$(timed "build $tool" background bash test/helm/build.sh "$tool" 2>"$log")"; then
+      printf '%s\n' "$out" >"$PIER_TOOLS_DIR/$tool.tmp"
+      mv "$PIER_TOOLS_DIR/$tool.tmp" "$PIER_TOOLS_DIR/$tool.path"
+    else
+      printf '%s\n' "$root/$log" >"$PIER_TOOLS_DIR/$tool.failed"
+      echo "[test] building $tool failed; the end of $log:" >&2
+      tail -n 40 "$log" >&2
+      rc=1
+    fi
+  done
+  return "$rc"
+}
+helm_tools &
+tools_pid=$!
+# Background jobs of a script ignore SIGINT: a run that stops early (a failed
+# build, Ctrl-C) stops them. The tool builds go as a whole tree (a build left
+# running would hold the cache's lock); the upstream shards get SIGTERM and
+# take down their clusters themselves.
+stop_background() {
+  local tree=("$tools_pid") i=0
+  while ((i < ${#tree[@]})); do
+    tree+=($(pgrep -P "${tree[i]}" || true))
+    i=$((i + 1))
+  done
+  kill -TERM "${tree[@]}" 2>/dev/null || true
+  if [[ -n "${upstream_pid:-}" ]] && kill -0 "$upstream_pid" 2>/dev/null; then pkill -TERM -P "$upstream_pid" || true; fi
+  wait
+}
+trap stop_background EXIT
 
+# tsc is single-threaded: the typecheck and dist/ take a core each.
 echo "[test] typecheck and build" >&2
-timed typecheck npx tsc -p tsconfig.json
+timed typecheck npx tsc -p tsconfig.json &
+typecheck_pid=$!
 timed 'build dist' npx tsc -p tsconfig.build.json
+wait "$typecheck_pid"
 
 status=0
-timed vitest npx vitest run --reporter=default --reporter=json --outputFile.json=test-results/vitest.json "$@" || status=1
+# run_vitest NAME REPORT ARGS...: one vitest run, its JSON report in REPORT.
+run_vitest() {
+  local name="$1" report="$2"
+  shift 2
+  summary+=(--vitest "$report")
+  timed "$name" npx vitest run --reporter=default --reporter=json --outputFile.json="$report" "$@"
+}
+if [[ $# -gt 0 ]]; then
+  run_vitest vitest test-results/vitest.json "$@" || status=1
+else
+  # The real nodes (e2e, with the unit tests beside it) first: the upstream
+  # specs' long rolling-update specs then run beside the integration tests,
+  # which start no real nodes, rather than after them.
+  run_vitest 'vitest e2e, unit' test-results/vitest-e2e-unit.json --project e2e --project unit || status=1
+  touch "$vitest_done"
+  run_vitest 'vitest integration' test-results/vitest-integration.json --project integration || status=1
+fi
 touch "$vitest_done"
+# A failed tool build fails the run, whether or not a test needed the tool.
+wait "$tools_pid" || status=1
 
 if $upstream; then
   echo "[test] waiting for the upstream specs" >&2

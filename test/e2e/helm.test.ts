@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import type { V1Service } from '@kubernetes/client-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startCluster, type Cluster } from '../cluster/cluster.ts';
-import { CHART, CHART_VALUES, helm } from '../helm/tools.ts';
+import { CHART, CHART_VALUES, helm, helmPath } from '../helm/tools.ts';
 import { describeTally, steadyClient, tally } from '../lab/steady.ts';
 import { runReadme } from '../support/readme.ts';
 import { eventually } from '../support/wait.ts';
@@ -54,7 +54,13 @@ describe('the Helm chart on real nodes', () => {
 
   beforeAll(async () => {
     home = mkdtempSync(join(tmpdir(), 'pier-helm-e2e-'));
+    // helm waited for here, under the hook's timeout, while the cluster starts
+    // (scripts/test.sh may still be building it); after, so that a failure
+    // leaves a cluster afterAll can stop.
+    const helmBuilt = helmPath();
+    helmBuilt.catch(() => {});
     cluster = await startCluster({ nodes: 2, proxyMode: 'iptables' });
+    await helmBuilt;
     const apiServer = new URL(cluster.cp.server).host;
     // No registry here: the images built by buildah, imported into every node
     // under the names the README's --set gives (pier/agent, pier/controller, the chart's version as tag).

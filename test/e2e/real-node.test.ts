@@ -341,10 +341,16 @@ describe('pier on real nodes, deployed as the README says', () => {
     const [pod, nodeName] = out.split(' ');
     const home = cluster.lab.nodes.find((n) => n.name === nodeName)!;
     await eventually('the Local Service to list only its pod\'s node', async () => ingressIps(await svc('solo')).join() === home.v4, { timeoutMs: 30_000 });
-    const results = await eventually(`answers on ${home.v4}:8081`, async () => {
-      const r = await probe(home.v4, 8081, { count: 5, timeoutMs: 1000 });
-      return r.every((x) => x.ok) ? r : undefined;
+    // The Service began with Cluster policy (masqueraded): the patch reaches
+    // the agent's rules at its next sync, which the status does not wait for.
+    const t0 = Date.now();
+    await eventually(`${home.v4}:8081 to answer with the client's own address`, async () => {
+      const [r] = await probe(home.v4, 8081, { count: 1, timeoutMs: 1000 });
+      return r?.ok && r.reply?.peer === client().v4;
     }, { timeoutMs: 20_000, intervalMs: 250 });
+    console.log(`[real-node] Local policy in the rules ${Date.now() - t0} ms after the status listed only ${home.v4}`);
+    const results = await probe(home.v4, 8081, { count: 5, timeoutMs: 1000 });
+    expect(results.map((r) => r.error ?? 'ok')).toEqual(Array(5).fill('ok'));
     expect(results.map((r) => r.reply?.pod)).toEqual(Array(5).fill(pod));
     expect(results.map((r) => r.reply?.peer)).toEqual(Array(5).fill(client().v4));
   });

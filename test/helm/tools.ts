@@ -1,11 +1,14 @@
 // The tools test/helm/build.sh builds from Go modules (helm 4, helm 3,
 // actionlint) and the prometheus-operator CRDs it fetches, for the tests:
-// from the variables scripts/test.sh exports after building them, else by
-// running build.sh (cached; cold, helm takes minutes). In CI (CI=true) a
-// missing variable fails instead: there scripts/test.sh must have built
-// them, and a silent build would hide that it did not. Also: helm itself,
-// run with argument arrays, and the chart rendered.
-import { existsSync } from 'node:fs';
+// from a variable naming one (PIER_HELM...), else from the folder where
+// scripts/test.sh's background build leaves each tool's path
+// (PIER_TOOLS_DIR, waited for), else by running build.sh (cached; cold, helm
+// takes minutes). In CI (CI=true) that last fails instead: there
+// scripts/test.sh must have built them, and a silent build would hide that it
+// did not. Also: helm itself, run with argument arrays, and the chart rendered.
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import type { KubernetesObject } from '@kubernetes/client-node';
 import { execa } from 'execa';
@@ -27,8 +30,10 @@ function tool(what: Tool): Promise<string> {
     p = (async () => {
       const fromEnv = process.env[ENV[what]];
       if (fromEnv && existsSync(fromEnv)) return fromEnv;
+      const building = process.env['PIER_TOOLS_DIR'];
+      if (!fromEnv && building) return await builtInBackground(building, what);
       if (inCi()) {
-        throw new Error(`${ENV[what]} is ${fromEnv ? `${fromEnv}, which does not exist` : 'not set'}: in CI scripts/test.sh exports it (bash test/helm/build.sh ${what}); no test builds it silently there`);
+        throw new Error(`${ENV[what]} is ${fromEnv ? `${fromEnv}, which does not exist` : 'not set, nor PIER_TOOLS_DIR'}: in CI scripts/test.sh builds it (bash test/helm/build.sh ${what}); no test builds it silently there`);
       }
       // Progress on the test's stderr: a cold helm build takes minutes.
       const r = await execa('bash', [BUILD, what], { stdin: 'ignore', stderr: 'inherit', reject: false });
@@ -39,6 +44,22 @@ function tool(what: Tool): Promise<string> {
     loaded.set(what, p);
   }
   return p;
+}
+
+/** How long a test waits for scripts/test.sh's background build: a cold one takes 5-12 minutes beside the tests. */
+const BACKGROUND_BUILD_WAIT_MS = 30 * 60_000;
+
+/** The path scripts/test.sh's background build left in `dir` for `what` (`what`.path), or its failure (`what`.failed names the log). */
+async function builtInBackground(dir: string, what: Tool): Promise<string> {
+  const deadline = Date.now() + BACKGROUND_BUILD_WAIT_MS;
+  for (;;) {
+    const path = join(dir, `${what}.path`);
+    if (existsSync(path)) return readFileSync(path, 'utf8').trim();
+    const failed = join(dir, `${what}.failed`);
+    if (existsSync(failed)) throw new Error(`scripts/test.sh could not build ${what}; its log: ${readFileSync(failed, 'utf8').trim()}`);
+    if (Date.now() > deadline) throw new Error(`no ${what} in ${dir} after ${BACKGROUND_BUILD_WAIT_MS / 60_000} minutes: scripts/test.sh's background build (test/helm/build.sh ${what}) neither finished nor failed`);
+    await sleep(1000);
+  }
 }
 
 export const helmPath = () => tool('helm');

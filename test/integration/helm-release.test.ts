@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { actionlintPath } from '../helm/tools.ts';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -23,6 +23,8 @@ async function actionlint(dir: string) {
 
 describe('the release workflow', () => {
   const copies: string[] = [];
+  // Waited for here, under the hook's timeout: scripts/test.sh may still be building it.
+  beforeAll(() => actionlintPath());
   afterAll(() => {
     for (const c of copies) rmSync(c, { recursive: true, force: true });
   });

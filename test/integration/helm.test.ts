@@ -17,7 +17,7 @@ import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { kubectlPath, startControlPlane, type ControlPlane } from '../cluster/controlplane.ts';
 import { compare, DIFFERENCES, kustomize, sorted } from '../helm/compare.ts';
-import { CHART, CHART_VALUES, helm, parseYaml, prometheusCrdsDir, template, type Obj } from '../helm/tools.ts';
+import { CHART, CHART_VALUES, helm, helm3Path, helmPath, parseYaml, prometheusCrdsDir, template, type Obj } from '../helm/tools.ts';
 
 const ROOT = new URL('../../', import.meta.url).pathname;
 const SYSTEM = 'pier-system';
@@ -46,9 +46,11 @@ describe('the Helm chart with the real helm', () => {
   let home: string;
   let work: string;
 
-  beforeAll(() => {
+  beforeAll(async () => {
     home = mkdtempSync(join(tmpdir(), 'pier-helm-home-'));
     work = mkdtempSync(join(tmpdir(), 'pier-helm-work-'));
+    // Waited for here, under the hook's timeout: scripts/test.sh may still be building them.
+    await Promise.all([helmPath(), helm3Path()]);
   });
   afterAll(() => {
     if (home) rmSync(home, { recursive: true, force: true });

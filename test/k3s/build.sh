@@ -59,8 +59,14 @@ trap 'rm -rf "$tmp"' EXIT
 # module alone is taken unchecked; every module it needs is checked against
 # k3s's go.sum and the sum database as usual.
 export GONOSUMDB=github.com/k3s-io/k3s GOFLAGS=-mod=mod
-module="$(cd "$tmp" && go mod download -json "github.com/k3s-io/k3s@$K3S_MODULE_VERSION" | sed -n -E 's/^[[:space:]]*"Dir": "(.*)",?$/\1/p')"
-[[ -n "$module" && -f "$module/go.mod" ]] || { log "the module proxy did not serve github.com/k3s-io/k3s@$K3S_MODULE_VERSION"; exit 1; }
+# go mod download -json reports a refusal on stdout, as an "Error" field.
+if ! download="$(cd "$tmp" && go mod download -json "github.com/k3s-io/k3s@$K3S_MODULE_VERSION")"; then
+  log "the module proxy did not serve github.com/k3s-io/k3s@$K3S_MODULE_VERSION:"
+  printf '%s\n' "$download" | sed -n -E 's/^[[:space:]]*"Error": "(.*)",?$/\1/p' | sed 's/\\n\\t/: /g' >&2
+  exit 1
+fi
+module="$(printf '%s\n' "$download" | sed -n -E 's/^[[:space:]]*"Dir": "(.*)",?$/\1/p')"
+[[ -n "$module" && -f "$module/go.mod" ]] || { log "go mod download named no folder for github.com/k3s-io/k3s@$K3S_MODULE_VERSION"; exit 1; }
 
 # `go install module@version` refuses a module with replace directives, and
 # k3s has dozens (its forks of Kubernetes, containerd, etcd…): build it from
