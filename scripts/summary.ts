@@ -96,7 +96,10 @@ export function closingLine(t: Tally): string {
 }
 
 const merge = (...ts: Tally[]): Tally => ({ passed: ts.reduce((n, t) => n + t.passed, 0), failed: ts.flatMap((t) => t.failed), skipped: ts.flatMap((t) => t.skipped) });
-const mmss = (s: number) => `${Math.floor(s / 60)}:${String(Math.round(s % 60)).padStart(2, '0')}`;
+const mmss = (seconds: number) => {
+  const s = Math.round(seconds);
+  return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, '0')}`;
+};
 
 function readJson<T>(file: string): T | undefined {
   if (!existsSync(file)) return undefined;
