@@ -18,7 +18,10 @@ export default defineConfig({
         test: {
           name: 'unit',
           include: ['test/unit/**/*.test.ts'],
-          testTimeout: 20_000,
+          // A hang guard, not a speed goal: in a whole run the unit tests share
+          // the cores with the first real nodes and four upstream clusters
+          // starting, and a test that starts the CLI seven times took 20 s there.
+          testTimeout: 60_000,
         },
       },
       {

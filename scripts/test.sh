@@ -6,10 +6,11 @@
 # on both backends. Extra arguments go to vitest alone, e.g. `--project unit`
 # (the upstream specs are then left out).
 #
-# The two cores are spent on the longest path: once Kubernetes is built, the
-# upstream specs build and run in the background, on lab sites of their own
-# (1 to 4: each backend's specs split over PIER_UPSTREAM_SHARDS clusters),
-# while the rest builds and vitest runs on site 0. The run ends with a table of
+# The two cores are spent on the longest path: once Kubernetes and the images
+# are built, the upstream specs build and run in the background, on lab sites
+# of their own (1 to 4: each backend's specs split over PIER_UPSTREAM_SHARDS
+# clusters), and the helm tools build, while vitest runs on site 0. The run
+# ends with a table of
 # its stages, vitest's slowest files, and one closing line that counts vitest
 # and the upstream specs together (scripts/summary.ts).
 set -euo pipefail

@@ -79,14 +79,31 @@ describe('the Helm chart, generated from deploy/', () => {
     expect(() => generate(dir)).toThrow(message);
   });
 
-  it('refuses, in CI (CI=true), to run without the helm 3 scripts/test.sh exports (PIER_HELM3), rather than build one silently', async () => {
-    const env = { ...process.env, CI: 'true', PIER_HELM3: '' };
-    const script = "const m = await import('./test/helm/tools.ts'); await m.helm3Path();";
-    const r = await execa(process.execPath, ['--input-type=module', '-e', script], { cwd: ROOT, env, reject: false, timeout: 30_000 });
+  it('refuses, in CI (CI=true), to run without the helm 3 scripts/test.sh builds (PIER_HELM3 or PIER_TOOLS_DIR), rather than build one silently; waits for its background build', async () => {
+    const env = { ...process.env, CI: 'true', PIER_HELM3: '', PIER_TOOLS_DIR: '' };
+    const script = "const m = await import('./test/helm/tools.ts'); console.log(await m.helm3Path());";
+    const run = (extra: Record<string, string>) => execa(process.execPath, ['--input-type=module', '-e', script], { cwd: ROOT, env: { ...env, ...extra }, reject: false, timeout: 30_000 });
+    const r = await run({});
     expect(r.exitCode).not.toBe(0);
-    expect(r.stderr).toMatch(/PIER_HELM3 is not set: in CI scripts\/test\.sh exports it \(bash test\/helm\/build\.sh helm3\)/);
-    const missing = await execa(process.execPath, ['--input-type=module', '-e', script], { cwd: ROOT, env: { ...env, PIER_HELM3: '/nonexistent/helm' }, reject: false, timeout: 30_000 });
+    expect(r.stderr).toMatch(/PIER_HELM3 is not set, nor PIER_TOOLS_DIR: in CI scripts\/test\.sh builds it \(bash test\/helm\/build\.sh helm3\)/);
+    const missing = await run({ PIER_HELM3: '/nonexistent/helm' });
     expect(missing.stderr).toMatch(/PIER_HELM3 is \/nonexistent\/helm, which does not exist/);
+    // scripts/test.sh's background build: its failure names the log; its path is waited for.
+    const tools = mkdtempSync(join(tmpdir(), 'pier-tools-'));
+    try {
+      writeFileSync(join(tools, 'helm3.failed'), '/r/test-results/build-helm3.log\n');
+      const failed = await run({ PIER_TOOLS_DIR: tools });
+      expect(failed.exitCode).not.toBe(0);
+      expect(failed.stderr).toContain('scripts/test.sh could not build helm3; its log: /r/test-results/build-helm3.log');
+      rmSync(join(tools, 'helm3.failed'));
+      const waiting = run({ PIER_TOOLS_DIR: tools });
+      await new Promise((r) => setTimeout(r, 1500));
+      writeFileSync(join(tools, 'helm3.path'), '/built/helm\n');
+      const built = await waiting;
+      expect([built.exitCode, built.stdout.trim()]).toEqual([0, '/built/helm']);
+    } finally {
+      rmSync(tools, { recursive: true, force: true });
+    }
   });
 
   it('names one owner: package.json\'s repository, the chart\'s sources and default images, and the release workflow\'s registry', () => {
