@@ -88,7 +88,7 @@ upstream_specs() {
 }
 # The upstream specs' long rolling-update specs wait for this (run.ts says why).
 vitest_done=test-results/vitest.done
-summary=(--stages "$PIER_STAGES")
+summary=(--vitest test-results/vitest.json --stages "$PIER_STAGES")
 # A whole run checks that every README command a test claims ran (readme.ts).
 if [[ $# -eq 0 ]]; then
   export PIER_README_RUNS="$root/test-results/readme-runs.txt"
@@ -153,23 +153,7 @@ timed 'build dist' npx tsc -p tsconfig.build.json
 wait "$typecheck_pid"
 
 status=0
-# run_vitest NAME REPORT ARGS...: one vitest run, its JSON report in REPORT.
-run_vitest() {
-  local name="$1" report="$2"
-  shift 2
-  summary+=(--vitest "$report")
-  timed "$name" npx vitest run --reporter=default --reporter=json --outputFile.json="$report" "$@"
-}
-if [[ $# -gt 0 ]]; then
-  run_vitest vitest test-results/vitest.json "$@" || status=1
-else
-  # The real nodes (e2e, with the unit tests beside it) first: the upstream
-  # specs' long rolling-update specs then run beside the integration tests,
-  # which start no real nodes, rather than after them.
-  run_vitest 'vitest e2e, unit' test-results/vitest-e2e-unit.json --project e2e --project unit || status=1
-  touch "$vitest_done"
-  run_vitest 'vitest integration' test-results/vitest-integration.json --project integration || status=1
-fi
+timed vitest npx vitest run --reporter=default --reporter=json --outputFile.json=test-results/vitest.json "$@" || status=1
 touch "$vitest_done"
 # A failed tool build fails the run, whether or not a test needed the tool.
 wait "$tools_pid" || status=1
