@@ -83,13 +83,15 @@ describe('pier on real nodes, deployed as the README says', () => {
   };
   const NO_FAILURES = { refused: 0, reset: 0, timeout: 0, other: 0 };
   /** When each failed attempt came, after which kill (if any): to line failures up with the logs. */
-  const whenFailed = (rs: readonly ProbeResult[], kills: readonly number[]) =>
-    rs
-      .filter((r) => !r.ok)
-      .map((r) => {
-        const k = kills.filter((x) => x <= r.at!).at(-1);
-        return `${r.error} ${new Date(r.at!).toISOString()}${k === undefined ? '' : ` (${r.at! - k} ms after kill ${kills.indexOf(k) + 1})`}`;
-      });
+  /** When attempt `r` began, and how long after the last of `kills` before it. */
+  const sinceKill = (r: ProbeResult, kills: readonly number[]) => {
+    const k = kills.filter((x) => x <= r.at!).at(-1);
+    return `${new Date(r.at!).toISOString()}${k === undefined ? '' : ` (${r.at! - k} ms after kill ${kills.indexOf(k) + 1})`}`;
+  };
+  const whenFailed = (rs: readonly ProbeResult[], kills: readonly number[]) => rs.filter((r) => !r.ok).map((r) => `${r.error} ${sinceKill(r, kills)}`);
+  /** Answered attempts that took a second or more: a retransmitted SYN, when, and which pod answered it. */
+  const whenSlow = (rs: readonly ProbeResult[], kills: readonly number[]) =>
+    rs.filter((r) => r.ok && r.ms >= 900).map((r) => `slow: ${Math.round(r.ms)} ms, answered by ${r.reply?.pod ?? '?'}, began ${sinceKill(r, kills)}`);
 
   /** Packets `node`'s conntrack has called invalid so far (conntrack -S, every CPU). */
   const conntrackInvalid = async (node: Cluster['nodes'][number]) =>
@@ -477,7 +479,7 @@ describe('pier on real nodes, deployed as the README says', () => {
     const said = logs.join('\n').split('\n').filter((l) => /run out|answer|full rewrite|"level":(40|50)/.test(l));
     const invalid = `conntrack invalid on ${labNode.name}: +${(await conntrackInvalid(cluster.nodes[0]!)) - invalidBefore}; SYNs retransmitted: ${syns}`;
     const stale = (await staleEntries(cluster.nodes[0]!, 80, 'echo')).slice(0, 5).map((l) => `stale: ${l}`);
-    const why = [...whenFailed(results, kills).slice(0, 8), invalid, ...stale, ...said.map((l) => l.slice(0, 300))].join('\n');
+    const why = [...whenFailed(results, kills).slice(0, 8), ...whenSlow(results, kills).slice(0, 8), invalid, ...stale, ...said.map((l) => l.slice(0, 300))].join('\n');
     expect(failures(results), why).toEqual(NO_FAILURES);
     expect(syns, why).toBe(0);
     expect(ingressIps(await svc('echo'))).toEqual(statusBefore);
