@@ -38,11 +38,7 @@ runroot="$out/run"
 mkdir -p "$out/keys"
 
 # One build at a time: the keys, archives and tags are shared.
-exec 9>"$out/lock"
-if ! flock -n 9; then
-  log "waiting for another build.sh to finish"
-  flock 9
-fi
+pier_cache_lock images
 
 # Working containers: ours, and the intermediate ones `buildah bud --layers`
 # holds mounted while it builds, which a killed build leaves behind. Tests

@@ -41,11 +41,7 @@ die() { log "error: $*"; exit 1; }
 source "$root/scripts/cache-env.sh"
 cache="$PIER_CACHE_DIR/upstream"
 mkdir -p "$cache"
-exec 9>"$cache/lock"
-if ! flock -n 9; then
-  log "waiting for another test/upstream/build.sh to finish"
-  flock 9
-fi
+pier_cache_lock upstream
 
 # The machine's Go when new enough, else one fetched (scripts/go-env.sh).
 source "$root/scripts/go-env.sh"
