@@ -16,6 +16,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { relative } from 'node:path';
 import { parseArgs } from 'node:util';
 import { README_RUNS } from '../test/support/readme.ts';
+import type { UpstreamResult } from '../test/upstream/run.ts';
 
 /** The parts of vitest's JSON report (its jest-compatible reporter) read here. */
 interface VitestReport {
@@ -27,14 +28,6 @@ interface VitestReport {
     endTime?: number;
     assertionResults: { fullName: string; status: string }[];
   }[];
-}
-
-/** What test/upstream/run.ts --json writes. */
-interface UpstreamReport {
-  backend: string;
-  shard: string;
-  complete: boolean;
-  outcomes: { spec: string; state: string; detail: string }[];
 }
 
 export interface Tally {
@@ -65,7 +58,7 @@ export function tallyVitest(report: VitestReport, root: string): Tally {
 }
 
 /** Counts one upstream run; a run that is missing or stopped early is one failure. */
-export function tallyUpstream(report: UpstreamReport | undefined, file: string): Tally {
+export function tallyUpstream(report: UpstreamResult | undefined, file: string): Tally {
   const t: Tally = { passed: 0, failed: [], skipped: [] };
   if (!report) {
     t.failed.push(`upstream ${file}: no outcomes written (the run failed before its specs; see its .log)`);
@@ -156,7 +149,7 @@ function main(): number {
     } else parts.push({ passed: 0, failed: [`vitest: no report in ${file} (vitest did not finish; its output is above)`], skipped: [] });
   }
   if (reports.testResults.length) out.push(...filesTable(reports, root, 10), '');
-  for (const file of values.upstream!) parts.push(tallyUpstream(readJson<UpstreamReport>(file), file));
+  for (const file of values.upstream!) parts.push(tallyUpstream(readJson<UpstreamResult>(file), file));
   const readme = values['readme-runs'];
   if (readme) parts.push(unrunReadme(existsSync(readme) ? readFileSync(readme, 'utf8') : ''));
   const all = merge(...parts);

@@ -3,7 +3,7 @@
 // rather than by our reading of them (issue 27).
 //
 //   node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX]
-//                             [--skip REGEX] [--spec-timeout MINUTES] [--site 0-3]
+//                             [--skip REGEX] [--spec-timeout MINUTES] [--site 0-6]
 //                             [--shard K/N] [--json FILE] [--long-after FILE] [--list]
 //
 // 1. test/upstream/build.sh: e2e.test (`go test -c k8s.io/kubernetes/test/e2e`),
@@ -115,7 +115,7 @@ function parse(): Args {
     },
   });
   if (values.help) {
-    console.log('usage: node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX] [--skip REGEX] [--spec-timeout MINUTES] [--site 0-3] [--shard K/N] [--json FILE] [--long-after FILE] [--list]');
+    console.log('usage: node test/upstream/run.ts [--backend iptables|nftables] [--focus REGEX] [--skip REGEX] [--spec-timeout MINUTES] [--site 0-6] [--shard K/N] [--json FILE] [--long-after FILE] [--list]');
     process.exit(0);
   }
   if (values.backend !== 'iptables' && values.backend !== 'nftables') {
