@@ -10,14 +10,15 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { execa } from 'execa';
 import { describe, expect, it } from 'vitest';
 import { envSite } from '../cluster/cluster.ts';
-import { listLabNamespaces, SITES } from '../lab/lab.ts';
+import { listLabNamespaces, nodeAddr, SITES } from '../lab/lab.ts';
 import { runReadme, spawnReadme } from '../support/readme.ts';
 import { eventually } from '../support/wait.ts';
 
 const DEMO = fileURLToPath(new URL('../../demo/demo.ts', import.meta.url));
 // The demo's cluster is startCluster()'s: on the site PIER_LAB_SITE names.
-const NODES_V4 = [11, 12].map((h) => `${SITES[envSite()]!.net4}.${h}`);
-const NODES_V6 = [11, 12].map((h) => `${SITES[envSite()]!.net6}::${h}`);
+const NODES = [1, 2].map((i) => nodeAddr(SITES[envSite()]!, i));
+const NODES_V4 = NODES.map((n) => n.v4);
+const NODES_V6 = NODES.map((n) => n.v6);
 // A cold build takes half an hour; the tests expect the caches warm (scripts/test.sh builds first).
 const TIMEOUT = 900_000;
 

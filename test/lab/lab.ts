@@ -146,6 +146,8 @@ export interface ProbeOptions {
 
 /** The underlay's address of host number `h` (nodes 10+i, clients 100+j, the host link 254). */
 const underlayAddr = (s: LabSite, h: number) => ({ v4: `${s.net4}.${h}`, v6: `${s.net6}::${h}` });
+/** Node i's (from 1) underlay addresses on site `s`: .11, .12, … */
+export const nodeAddr = (s: LabSite, i: number) => underlayAddr(s, 10 + i);
 const podNet = (s: LabSite, i: number) => {
   const n = s.podBase + i;
   return { v4: `198.19.${n}.0/24`, v6: `2001:db8:1:${n}::/64`, gw4: `198.19.${n}.1`, gw6: `2001:db8:1:${n}::1` };
@@ -241,7 +243,7 @@ export class Lab {
       const name = `n${i}`;
       const ns = `${NS_PREFIX}${this.runId}-${name}`;
       const net = podNet(site, i);
-      const node: LabNode = { name, ns, index: i, ...underlayAddr(site, 10 + i), podCidrV4: net.v4, podCidrV6: net.v6, pods: [] };
+      const node: LabNode = { name, ns, index: i, ...nodeAddr(site, i), podCidrV4: net.v4, podCidrV6: net.v6, pods: [] };
       await this.addHost(ns, name, node.v4, node.v6);
       await sysctl(ns, { 'net.ipv4.ip_forward': '1', 'net.ipv6.conf.all.forwarding': '1' });
       this.nodes.push(node);
